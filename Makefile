@@ -1,0 +1,51 @@
+# labkit: `make lab` runs the lab, `make test` passes the tests.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+BUILD   := $(CURDIR)/.build
+PORT    ?= 8888
+# Jupyter and IPython keep their state inside the build tree, not in $HOME.
+export JUPYTER_CONFIG_DIR  := $(BUILD)/jupyter/config
+export JUPYTER_DATA_DIR    := $(BUILD)/jupyter/data
+export JUPYTER_RUNTIME_DIR := $(BUILD)/jupyter/runtime
+export IPYTHONDIR          := $(BUILD)/ipython
+export MPLCONFIGDIR        := $(BUILD)/mpl
+NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+
+.PHONY: setup lab test test-unit test-notebooks test-browser notebooks student bench doctor data clean
+
+setup:
+	@bash scripts/setup.sh
+
+lab: setup
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --port $(PORT) notebooks/00_welcome.ipynb $(LAB_ARGS)
+
+test: setup
+	$(VENV)/bin/pytest tests notebooks $(NBVAL_FLAGS) $(PYTEST_ARGS)
+
+test-unit: setup
+	$(VENV)/bin/pytest tests -m "not browser" $(PYTEST_ARGS)
+
+test-notebooks: setup
+	$(VENV)/bin/pytest notebooks $(NBVAL_FLAGS) $(PYTEST_ARGS)
+
+test-browser: setup
+	$(VENV)/bin/pytest tests -m browser $(PYTEST_ARGS)
+
+# Re-execute chapters in place (all, or NB=notebooks/05_sampling.ipynb).
+notebooks: setup
+	$(PY) -m labkit.nbtools execute $(or $(NB),notebooks/[0-9]*.ipynb)
+
+student: setup
+	$(PY) -m labkit.nbtools student notebooks/[0-9]*.ipynb --out .build/student
+
+bench: setup
+	$(VENV)/bin/labkit bench --json bench.json $(BENCH_ARGS)
+
+doctor: setup
+	$(VENV)/bin/labkit doctor
+
+data: setup
+	$(PY) -m labkit.corpus build
+
+clean:
+	rm -rf $(BUILD) .build/student

@@ -1,0 +1,1 @@
+"""Sub-commands of the `labkit` CLI, one module each (see `labkit.cli`)."""

@@ -1,0 +1,48 @@
+"""`labkit bench`: measure and print the lab's performance figures, write them as JSON."""
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import platform
+import time
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="measure the lab's performance figures")
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    p.add_argument("--only", nargs="*", metavar="NAME", help="run only these benchmarks")
+    p.add_argument("--quick", action="store_true", help="fewer repeats (noisier)")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    return p
+
+
+def available() -> dict[str, object]:
+    import labkit.benchmarks as pkg
+
+    names = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    return {name: importlib.import_module(f"labkit.benchmarks.{name}") for name in names}
+
+
+def run(args) -> int:
+    benches = available()
+    if args.list:
+        for name, mod in benches.items():
+            print(f"{name:16s} {mod.TITLE}")
+        return 0
+    selected = args.only or list(benches)
+    unknown = [n for n in selected if n not in benches]
+    if unknown:
+        raise SystemExit(f"labkit bench: unknown benchmark(s) {unknown}; known: {sorted(benches)}")
+    report = {"machine": platform.platform(), "python": platform.python_version(), "results": {}}
+    for name in selected:
+        mod = benches[name]
+        print(f"== {name}: {mod.TITLE}", flush=True)
+        start = time.perf_counter()
+        report["results"][name] = mod.run(quick=args.quick)
+        print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2, default=float)
+        print(f"wrote {args.json}")
+    return 0

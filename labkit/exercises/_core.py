@@ -1,0 +1,87 @@
+"""The machinery shared by every exercise checker.
+
+A checker runs the learner's function and the reference on the same cases and
+prints one line: a pass, or the first failing case with what was expected and
+what came back. It returns True/False so tests and notebooks can assert on it.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def same(expected: Any, got: Any, *, atol: float = 1e-6, rtol: float = 1e-5) -> bool:
+    """Equality that understands tensors, arrays and floats (with a tolerance)."""
+    try:
+        import torch
+
+        if isinstance(expected, torch.Tensor) or isinstance(got, torch.Tensor):
+            if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)):
+                return False
+            if expected.shape != got.shape:
+                return False
+            if expected.dtype.is_floating_point or got.dtype.is_floating_point:
+                return bool(torch.allclose(expected.double(), got.double(), atol=atol, rtol=rtol, equal_nan=True))
+            return bool(torch.equal(expected, got))
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    if isinstance(expected, np.ndarray) or isinstance(got, np.ndarray):
+        expected, got = np.asarray(expected), np.asarray(got)
+        return expected.shape == got.shape and bool(np.allclose(expected, got, atol=atol, rtol=rtol, equal_nan=True))
+    if isinstance(expected, float) or isinstance(got, float):
+        try:
+            return bool(np.isclose(float(expected), float(got), atol=atol, rtol=rtol))
+        except (TypeError, ValueError):
+            return False
+    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(expected) == len(got) and all(same(e, g, atol=atol, rtol=rtol) for e, g in zip(expected, got))
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return expected.keys() == got.keys() and all(same(expected[k], got[k], atol=atol, rtol=rtol) for k in expected)
+    return expected == got
+
+
+def check(
+    name: str,
+    fn: Callable,
+    reference: Callable,
+    cases: Iterable[tuple],
+    *,
+    compare: Callable[[Any, Any], bool] = same,
+    hint: str = "",
+) -> bool:
+    """Run `fn(*case)` and `reference(*case)` on each case; print a pass line or the first failure.
+
+    Arguments are deep-copied for each call, so a function that mutates its input
+    cannot corrupt the reference's view of the case.
+    """
+    if not callable(fn):
+        raise TypeError(f"{name}: expected a function, got {type(fn).__name__}")
+    cases = list(cases)
+    for i, case in enumerate(cases, start=1):
+        expected = reference(*copy.deepcopy(case))
+        try:
+            got = fn(*copy.deepcopy(case))
+        except NotImplementedError:
+            print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
+            return False
+        except Exception as exc:  # the learner's bug, reported, not raised
+            print(f"[FAIL] {name}: case {i}/{len(cases)} raised {type(exc).__name__}: {exc}")
+            print(f"       input: {_short(case)}")
+            return False
+        if not compare(expected, got):
+            print(f"[FAIL] {name}: case {i}/{len(cases)}")
+            print(f"       input:    {_short(case)}")
+            print(f"       expected: {_short(expected)}")
+            print(f"       got:      {_short(got)}")
+            if hint:
+                print(f"       hint: {hint}")
+            return False
+    print(f"[PASS] {name}: all {len(cases)} cases match the reference.")
+    return True

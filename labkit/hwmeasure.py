@@ -1,0 +1,69 @@
+"""Measure this machine: memory bandwidth (copy and streaming read) and matmul FLOP/s.
+
+Decode speed is bounded by how fast the weights stream from memory, so the lab
+measures that number instead of assuming it. Each measurement runs for about
+the time asked and returns the median of its repeats.
+
+    >>> bw = copy_bandwidth_gb_s(seconds=0.2)   # e.g. 9.8 (GB/s, reads + writes counted)
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def _median_rate(fn, work: float, seconds: float) -> float:
+    """Run `fn` repeatedly for about `seconds`; return `work / median time`."""
+    fn()  # warm-up: page in, allocate
+    times = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < 3:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return work / statistics.median(times)
+
+
+def _check_seconds(seconds: float) -> None:
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+
+
+def cpu_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def copy_bandwidth_gb_s(seconds: float = 1.0, megabytes: int = 128) -> float:
+    """Copy bandwidth in GB/s: bytes read plus bytes written per second (STREAM 'copy' convention)."""
+    import torch
+
+    _check_seconds(seconds)
+    n = megabytes * 2**20 // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return _median_rate(lambda: dst.copy_(src), 2 * n * 4, seconds) / 1e9
+
+
+def read_bandwidth_gb_s(seconds: float = 1.0, megabytes: int = 256) -> float:
+    """Streaming-read bandwidth in GB/s: a `sum` over a large tensor (reads only).
+
+    This is the roofline for batch-1 decode, which reads every weight once per token.
+    """
+    import torch
+
+    _check_seconds(seconds)
+    n = megabytes * 2**20 // 4
+    x = torch.ones(n, dtype=torch.float32)
+    return _median_rate(lambda: x.sum(), n * 4, seconds) / 1e9
+
+
+def matmul_flops(seconds: float = 1.0, n: int = 1024, dtype: str = "float32") -> float:
+    """Dense matmul throughput in FLOP/s (2·n³ per n×n product)."""
+    import torch
+
+    _check_seconds(seconds)
+    a = torch.randn(n, n, dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, dtype=getattr(torch, dtype))
+    return _median_rate(lambda: a @ b, 2.0 * n**3, seconds)

@@ -1,0 +1,130 @@
+"""Notebook tooling: execute chapters in place, check them, write student copies.
+
+    python -m labkit.nbtools execute notebooks/01_tokenization.ipynb
+    python -m labkit.nbtools check notebooks/*.ipynb
+    python -m labkit.nbtools student notebooks/*.ipynb --out .build/student
+
+Chapters are executed with `store_widget_state=False` (a plotly FigureWidget's
+saved state is 5 MB of JavaScript that JupyterLab does not even restore) and
+`record_timing=False` (per-cell timestamps would change on every run).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+SOLUTION_TAG = "solution"
+STUDENT_STUB = "# Your code here: replace this line and the `raise` below.\nraise NotImplementedError\n"
+
+
+def execute(path: str | Path, timeout: int = 600) -> float:
+    """Execute a notebook top to bottom in a fresh kernel and save it in place; return seconds."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.pop("widgets", None)
+    start = time.perf_counter()
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        store_widget_state=False,
+        record_timing=False,
+    )
+    client.execute()
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    nbformat.write(nb, path)
+    return time.perf_counter() - start
+
+
+def problems(path: str | Path) -> list[str]:
+    """What keeps nbval from really checking a committed notebook (empty when fine)."""
+    import nbformat
+
+    nb = nbformat.read(Path(path), as_version=4)
+    found = []
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    counts = [c.get("execution_count") for c in code]
+    missing = [i for i, n in enumerate(counts) if n is None]
+    if missing:
+        found.append(f"{len(missing)} code cell(s) not executed (first: code cell {missing[0]})")
+    elif counts != list(range(1, len(counts) + 1)):
+        found.append(f"execution counts are not 1..{len(counts)} in order: {counts}")
+    if "widgets" in nb.metadata:
+        found.append("carries saved widget state (execute with store_widget_state=False)")
+    for i, cell in enumerate(code):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                found.append(f"code cell {i} stored an error: {out.get('ename')}: {out.get('evalue')}")
+    return found
+
+
+def student_copy(nb):
+    """Return a copy of `nb` with every cell tagged `solution` replaced by a stub."""
+    import copy
+
+    import nbformat
+
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        if cell.cell_type == "code" and SOLUTION_TAG in cell.metadata.get("tags", []):
+            header = [line for line in cell.source.splitlines() if line.startswith("def ")][:1]
+            cell.source = "\n".join(header + ["    " + line if header else line for line in STUDENT_STUB.splitlines()]) + "\n"
+            cell.outputs = []
+            cell.execution_count = None
+            cell.metadata["tags"] = [t for t in cell.metadata["tags"] if t != SOLUTION_TAG] + ["exercise"]
+    nbformat.validate(out)
+    return out
+
+
+def write_students(paths, out_dir: str | Path) -> list[Path]:
+    import nbformat
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in paths:
+        nb = nbformat.read(Path(path), as_version=4)
+        target = out_dir / Path(path).name
+        nbformat.write(student_copy(nb), target)
+        written.append(target)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m labkit.nbtools")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("execute", help="execute notebooks in place")
+    p.add_argument("paths", nargs="+")
+    p = sub.add_parser("check", help="report notebooks that are not executed or carry widget state")
+    p.add_argument("paths", nargs="+")
+    p = sub.add_parser("student", help="write student copies (solution cells replaced by stubs)")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--out", default=".build/student")
+    args = parser.parse_args(argv)
+    if args.cmd == "execute":
+        for path in args.paths:
+            print(f"executing {path} ...", flush=True)
+            print(f"  done in {execute(path):.1f} s", flush=True)
+    elif args.cmd == "check":
+        bad = 0
+        for path in args.paths:
+            for problem in problems(path):
+                print(f"{path}: {problem}")
+                bad += 1
+        return 1 if bad else 0
+    else:
+        for target in write_students(args.paths, args.out):
+            print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
