@@ -1,0 +1,127 @@
+"""Beam search with a length penalty and the three early-stopping modes of Hugging Face.
+
+Follows `transformers` `GenerationMixin._beam_search`: at each step every running beam
+is extended by every token; the best `max(2, 1 + n_eos) * num_beams` candidates (by summed
+log-probability) are walked in order. A candidate that ends in EOS (or reaches
+`max_new_tokens`) and ranks among the first `num_beams` becomes a finished hypothesis with
+score `sum(logp) / L ** length_penalty`, L = generated length including the EOS; the best
+`num_beams` other candidates keep running. Stopping, once `num_beams` hypotheses are done:
+
+* ``early_stopping=True``: stop at once.
+* ``early_stopping=False`` (HF's default, a heuristic): stop when the best running beam,
+  normalised by its *current* length, cannot beat the worst finished hypothesis.
+* ``early_stopping="never"``: the same test with the best length it could still reach
+  (`max_new_tokens`) when length_penalty > 0, a true bound: search until no beam can win.
+
+Differences from HF, on purpose: candidates are ordered by a stable sort (ties go to the
+lower beam, then the lower token id), and when fewer than `num_beams` candidates exist
+labkit runs fewer beams instead of filling the rest with -1e9 placeholders.
+
+    >>> import torch
+    >>> table = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.4, 0.1], [0.3, 0.3, 0.4]]).log()
+    >>> model = lambda ids: table[ids]               # a bigram model: [B, T] -> [B, T, V]
+    >>> beam_search(model, [0], num_beams=2, max_new_tokens=2).sequences[0]
+    [0, 1, 0]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["beam_search", "BeamSearchOutput"]
+
+
+@dataclass
+class BeamSearchOutput:
+    """Finished hypotheses, best first: full sequences (prompt included) and their scores."""
+
+    sequences: list[list[int]]
+    scores: list[float]          # sum of log-probs / (generated length) ** length_penalty
+    sum_logprobs: list[float]
+    prompt_len: int
+    steps: int                   # decoding steps run before stopping
+
+    @property
+    def new_tokens(self) -> list[list[int]]:
+        return [s[self.prompt_len:] for s in self.sequences]
+
+
+def _last_logits(model, batch: torch.Tensor) -> torch.Tensor:
+    out = model(batch)
+    logits = getattr(out, "logits", out)  # a labkit model returns a tensor, an HF model an output object
+    return logits[:, -1, :]
+
+
+def beam_search(
+    model,
+    ids,
+    num_beams: int = 4,
+    max_new_tokens: int = 32,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    eos_token_id: int | list[int] | None = None,
+) -> BeamSearchOutput:
+    """Beam search over `model(ids [B, T]) -> logits [B, T, V]` from one prompt `ids` (list or `[T]`/`[1, T]`).
+
+    length_penalty > 0 favours longer outputs (log-probs are negative), < 0 shorter ones.
+    `num_beams=1` is greedy decoding.
+    """
+    if not isinstance(num_beams, int) or isinstance(num_beams, bool) or num_beams < 1:
+        raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    prompt = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+    if prompt.numel() == 0:
+        raise ValueError("ids must hold at least one token")
+    eos = set() if eos_token_id is None else {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(i) for i in eos_token_id}
+    prompt_len = prompt.numel()
+    n_candidates = max(2, 1 + len(eos)) * num_beams
+
+    running: list[tuple[list[int], torch.Tensor]] = [(prompt.tolist(), torch.zeros(()))]  # (sequence, sum logp)
+    finished: list[tuple[float, float, list[int]]] = []  # (score, sum logp, sequence), best first
+    step = 0
+    while step < max_new_tokens and running:
+        batch = torch.tensor([seq for seq, _ in running], dtype=torch.long)  # [R, cur_len]
+        logits = _last_logits(model, batch)  # [R, V]
+        logp = torch.log_softmax(logits, dim=-1)
+        V = logp.shape[-1]
+        sums = torch.stack([s for _, s in running]).to(logp.dtype)
+        cand = (sums[:, None] + logp).reshape(-1)  # [R * V], beam-major
+        order = torch.sort(cand, descending=True, stable=True).indices[:n_candidates]
+        last_step = step + 1 == max_new_tokens
+        next_running = []
+        for rank, flat in enumerate(order.tolist()):
+            total = cand[flat]
+            if torch.isneginf(total):
+                break
+            beam, token = divmod(flat, V)
+            seq = running[beam][0] + [token]
+            if token in eos or last_step:
+                if rank < num_beams:  # only the top num_beams candidates may finish
+                    score = float(total) / (step + 1) ** length_penalty
+                    finished.append((score, float(total), seq))
+                    finished.sort(key=lambda h: -h[0])  # stable: the earlier of equal scores stays first
+                    del finished[num_beams:]
+            elif len(next_running) < num_beams:
+                next_running.append((seq, total))
+        running = next_running
+        step += 1
+        if len(finished) >= num_beams and running:
+            if early_stopping is True:
+                break
+            hyp_len = max_new_tokens if (early_stopping == "never" and length_penalty > 0) else step
+            best_possible = float(running[0][1]) / hyp_len ** length_penalty
+            if not best_possible > finished[-1][0]:
+                break
+    if not finished and max_new_tokens == 0:
+        finished = [(0.0, 0.0, prompt.tolist())]
+    return BeamSearchOutput(
+        sequences=[h[2] for h in finished],
+        scores=[h[0] for h in finished],
+        sum_logprobs=[h[1] for h in finished],
+        prompt_len=prompt_len,
+        steps=step,
+    )
