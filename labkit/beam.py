@@ -53,6 +53,7 @@ def _last_logits(model, batch: torch.Tensor) -> torch.Tensor:
     return logits[:, -1, :]
 
 
+@torch.no_grad()
 def beam_search(
     model,
     ids,

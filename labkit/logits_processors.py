@@ -119,14 +119,16 @@ def greedy_filter(logits: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~keep, NEG_INF)
 
 
-def token_counts(histories: list[torch.Tensor], vocab_size: int, device=None) -> torch.Tensor:
-    """Count each token id in each row's history -> LongTensor `[B, V]` (negative ids are padding)."""
-    counts = torch.zeros(len(histories), vocab_size, dtype=torch.long, device=device)
-    for row, hist in enumerate(histories):
-        hist = hist[hist >= 0]
-        if hist.numel():
-            counts[row] = torch.bincount(hist, minlength=vocab_size)[:vocab_size]
-    return counts
+def token_counts(history: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Count each token id in each row of `history [B, T]` -> LongTensor `[B, V]`; negative ids are padding.
+
+    >>> token_counts(torch.tensor([[2, 2, 0, -1]]), 4).tolist()
+    [[1, 0, 2, 0]]
+    """
+    padded = torch.where(history < 0, vocab_size, history)  # padding goes to an extra column, dropped below
+    counts = torch.zeros(history.shape[0], vocab_size + 1, dtype=torch.long, device=history.device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded))
+    return counts[:, :vocab_size]
 
 
 def apply_repetition_penalty(logits: torch.Tensor, counts: torch.Tensor, penalty: float) -> torch.Tensor:

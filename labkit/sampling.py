@@ -177,8 +177,8 @@ def _check_logits(logits: torch.Tensor, what: str = "logits") -> None:
         raise ValueError(f"{what}: every token of a row is -inf; there is nothing to sample")
 
 
-def _prepare(logits, history) -> tuple[torch.Tensor, list[torch.Tensor], bool]:
-    """-> logits [B, V] (float32 or float64), one LongTensor history per row, was-1-D flag."""
+def _prepare(logits, history) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """-> logits [B, V] (float32 or float64), history [B, T] (long, -1 = padding), was-1-D flag."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if not logits.is_floating_point():
@@ -192,20 +192,24 @@ def _prepare(logits, history) -> tuple[torch.Tensor, list[torch.Tensor], bool]:
     _check_logits(x)
     B, V = x.shape
     if history is None:
-        rows = [torch.zeros(0, dtype=torch.long)] * B
+        return x, torch.zeros(B, 0, dtype=torch.long, device=x.device), squeeze
+    if isinstance(history, torch.Tensor):
+        h = history.long()
+    elif len(history) and not (isinstance(history[0], int) or (torch.is_tensor(history[0]) and history[0].dim() == 0)):
+        rows = [[int(v) for v in r] for r in history]
+        width = max(len(r) for r in rows)  # ragged rows: pad with -1
+        h = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)
     else:
-        h = torch.as_tensor(history, dtype=torch.long) if not isinstance(history, torch.Tensor) else history.long()
-        if h.numel() == 0:
-            rows = [torch.zeros(0, dtype=torch.long)] * B
-        elif h.dim() == 1 and B == 1:
-            rows = [h]
-        elif h.dim() == 2 and h.shape[0] == B:
-            rows = list(h)
-        else:
-            raise ValueError(f"history of shape {tuple(h.shape)} does not match logits of shape {tuple(logits.shape)}")
-        if any(r.numel() and int(r.max()) >= V for r in rows):
-            raise ValueError(f"history holds a token id >= vocab size {V}")
-    return x, [r.to(x.device) for r in rows], squeeze
+        h = torch.as_tensor(history, dtype=torch.long)
+    if h.numel() == 0:
+        h = torch.zeros(B, 0, dtype=torch.long)
+    elif h.dim() == 1 and B == 1:
+        h = h.unsqueeze(0)
+    elif not (h.dim() == 2 and h.shape[0] == B):
+        raise ValueError(f"history of shape {tuple(h.shape)} does not match logits of shape {tuple(logits.shape)}")
+    if h.numel() and int(h.max()) >= V:
+        raise ValueError(f"history holds token id {int(h.max())} >= vocab size {V}")
+    return x, h.to(x.device), squeeze
 
 
 def process_stages(logits, history=None, params: SamplingParams | None = None, **kwargs) -> list[tuple[str, torch.Tensor]]:
@@ -214,8 +218,8 @@ def process_stages(logits, history=None, params: SamplingParams | None = None, *
     This is what the chapter's widget plots: which tokens survive each stage, in order.
     """
     params = SamplingParams.from_kwargs(params, **kwargs)
-    x, rows, squeeze = _prepare(logits, history)
-    counts = token_counts(rows, x.shape[-1], device=x.device)
+    x, hist, squeeze = _prepare(logits, history)
+    counts = token_counts(hist, x.shape[-1])
     out = [("input", x)]
     for name, fn in build_pipeline(params):
         x = fn(x, counts)
