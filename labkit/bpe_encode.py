@@ -34,6 +34,8 @@ def encode_piece(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
 
     Raises KeyError if a single byte of `piece` is not a token.
     """
+    if not piece:
+        return []
     rank = ranks.get(piece)
     if rank is not None:  # the whole piece is a token: the common case for words
         return [rank]

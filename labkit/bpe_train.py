@@ -183,14 +183,18 @@ def train_tokenizer(cls, text, vocab_size, pattern, special_tokens, progress, bo
     for s in special_tokens:
         parts = [piece for part in parts for piece in part.split(s)]
     n_merges = vocab_size - smallest
+    try:
+        if method == "incremental":
+            pieces = Counter()
+            for part in parts:
+                pieces.update(count_pieces(part, pattern))
+        else:
+            pieces = [p.encode("utf-8") for part in parts for p in split(pattern, part)]
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text contains {exc.object[exc.start:exc.end]!r}, a lone surrogate with no UTF-8 encoding") from None
     report = _progress_callback(progress, n_merges)
-    if method == "incremental":
-        counts = Counter()
-        for part in parts:
-            counts.update(count_pieces(part, pattern))
-        merges = train_incremental(counts, n_merges, report)
-    else:
-        merges = train_naive([p.encode("utf-8") for part in parts for p in split(pattern, part)], n_merges, report)
+    trainer = train_incremental if method == "incremental" else train_naive
+    merges = trainer(pieces, n_merges, report)
     if hasattr(report, "close"):
         report.close()
     tokens = [bytes([b]) for b in range(256)]

@@ -25,9 +25,10 @@ import regex
 from labkit import bpe_encode
 from labkit.pretokenize import bytes_to_token, compile_pattern, resolve_pattern
 
-__all__ = ["BPETokenizer", "StreamDecoder", "from_gguf"]
+__all__ = ["BPETokenizer", "StreamDecoder", "from_gguf", "get_tokenizer", "SHAKESPEARE_BPE"]
 
 _CACHE_LIMIT = 200_000  # pieces kept in the encode cache
+SHAKESPEARE_BPE = "shakespeare-bpe-4k.json"  # in data/: `labkit train-tokenizer` writes it
 
 
 class BPETokenizer:
@@ -173,8 +174,12 @@ class BPETokenizer:
             raise ValueError(f"text contains {piece[exc.start:exc.end]!r}, a lone surrogate with no UTF-8 encoding") from None
         try:
             return bpe_encode.encode_piece(data, self.ranks)
-        except KeyError as exc:
-            raise ValueError(f"the byte {exc.args[0]!r} of {piece!r} is not in this tokenizer's vocabulary") from None
+        except KeyError:
+            # A byte with no token of its own (SmolLM2 has none for 21 of the 256 bytes,
+            # e.g. b'\x04' and the lead bytes of planes 4-11) is dropped, as Hugging Face
+            # `tokenizers` does for a vocabulary without an unknown token.
+            kept = bytes(b for b in data if bytes([b]) in self.ranks)
+            return bpe_encode.encode_piece(kept, self.ranks) if kept else []
 
     def split(self, text: str) -> list[str]:
         """The pre-tokenizer's pieces (merges never cross them)."""
@@ -287,3 +292,16 @@ def from_gguf(path_or_reader) -> BPETokenizer:
     from labkit.gguf_tokenizer import from_gguf as _from_gguf
 
     return _from_gguf(path_or_reader)
+
+
+def get_tokenizer(name: str) -> BPETokenizer:
+    """A tokenizer by name: 'smollm2' (from its GGUF file), 'shakespeare' (data/), or a JSON file's path."""
+    from labkit import paths
+
+    if name == "smollm2":
+        return from_gguf(paths.smollm2_gguf_path())
+    if name == "shakespeare":
+        return BPETokenizer.load(paths.data_path(SHAKESPEARE_BPE))
+    if not isinstance(name, (str, Path)) or not Path(name).suffix:
+        raise ValueError(f"tokenizer must be 'smollm2', 'shakespeare' or a path to a .json file, got {name!r}")
+    return BPETokenizer.load(name)
