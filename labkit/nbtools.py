@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 SOLUTION_TAG = "solution"
-STUDENT_STUB = "# Your code here: replace this line and the `raise` below.\nraise NotImplementedError\n"
 
 
 def execute(path: str | Path, timeout: int = 600) -> float:
@@ -66,8 +65,42 @@ def problems(path: str | Path) -> list[str]:
     return found
 
 
+def stub_source(source: str) -> str:
+    r"""Replace the body of every top-level function in `source` by a stub; keep everything else.
+
+    >>> print(stub_source("def f(x):\n    return x + 1\n\ncheck(f)\n"))
+    def f(x):
+        # Your code here: replace the `raise` below.
+        raise NotImplementedError
+    <BLANKLINE>
+    check(f)
+    <BLANKLINE>
+    """
+    import ast
+
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    pieces = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first_body = node.body[0]
+            keep_doc = (
+                isinstance(first_body, ast.Expr)
+                and isinstance(first_body.value, ast.Constant)
+                and isinstance(first_body.value.value, str)
+            )
+            head_end = (first_body.end_lineno if keep_doc else first_body.lineno - 1)
+            start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
+            head = lines[start:head_end]
+            indent = " " * (first_body.col_offset)
+            pieces.append("\n".join(head + [indent + "# Your code here: replace the `raise` below.", indent + "raise NotImplementedError"]))
+        else:
+            pieces.append(ast.get_source_segment(source, node, padded=True))
+    return "\n\n".join(pieces) + "\n"
+
+
 def student_copy(nb):
-    """Return a copy of `nb` with every cell tagged `solution` replaced by a stub."""
+    """Return a copy of `nb` whose cells tagged `solution` have their function bodies stubbed."""
     import copy
 
     import nbformat
@@ -75,8 +108,7 @@ def student_copy(nb):
     out = copy.deepcopy(nb)
     for cell in out.cells:
         if cell.cell_type == "code" and SOLUTION_TAG in cell.metadata.get("tags", []):
-            header = [line for line in cell.source.splitlines() if line.startswith("def ")][:1]
-            cell.source = "\n".join(header + ["    " + line if header else line for line in STUDENT_STUB.splitlines()]) + "\n"
+            cell.source = stub_source(cell.source)
             cell.outputs = []
             cell.execution_count = None
             cell.metadata["tags"] = [t for t in cell.metadata["tags"] if t != SOLUTION_TAG] + ["exercise"]

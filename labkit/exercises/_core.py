@@ -55,7 +55,7 @@ def check(
     *,
     compare: Callable[[Any, Any], bool] = same,
     hint: str = "",
-) -> bool:
+) -> "Verdict":
     """Run `fn(*case)` and `reference(*case)` on each case; print a pass line or the first failure.
 
     Arguments are deep-copied for each call, so a function that mutates its input
@@ -70,11 +70,11 @@ def check(
             got = fn(*copy.deepcopy(case))
         except NotImplementedError:
             print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
-            return False
+            return Verdict(False)
         except Exception as exc:  # the learner's bug, reported, not raised
             print(f"[FAIL] {name}: case {i}/{len(cases)} raised {type(exc).__name__}: {exc}")
             print(f"       input: {_short(case)}")
-            return False
+            return Verdict(False)
         if not compare(expected, got):
             print(f"[FAIL] {name}: case {i}/{len(cases)}")
             print(f"       input:    {_short(case)}")
@@ -82,6 +82,22 @@ def check(
             print(f"       got:      {_short(got)}")
             if hint:
                 print(f"       hint: {hint}")
-            return False
+            return Verdict(False)
     print(f"[PASS] {name}: all {len(cases)} cases match the reference.")
-    return True
+    return Verdict(True)
+
+
+class Verdict:
+    """The outcome of a checker: truthy when every case passed; shows nothing in a notebook."""
+
+    def __init__(self, passed: bool):
+        self.passed = bool(passed)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        return f"Verdict(passed={self.passed})"
+
+    def _ipython_display_(self) -> None:  # the printed line already says it
+        pass
