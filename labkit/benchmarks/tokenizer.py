@@ -1,0 +1,82 @@
+"""BPE training and encoding speed, next to the naive trainer, tiktoken and Hugging Face `tokenizers`."""
+from __future__ import annotations
+
+import time
+
+TITLE = "BPE training (incremental vs naive) and encoding speed (vs tiktoken)"
+
+
+def _once(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def run(quick: bool = False) -> dict:
+    from labkit import corpus, gguf_tokenizer, paths
+    from labkit.benchmarks._timing import interleaved_medians, median_seconds
+    from labkit.tokenizer import BPETokenizer, from_gguf
+
+    results: dict = {}
+    train_text, val_text = corpus.load_text("train"), corpus.load_text("val")
+
+    # 1. The lab's tokenizer: the whole training split to 4096 ids.
+    seconds, tok = _once(lambda: BPETokenizer.train(train_text, 4096, special_tokens=["<|endoftext|>"]))
+    mb = len(train_text.encode("utf-8")) / 1e6
+    print(f"  train Shakespeare ({mb:.1f} MB) -> 4096 vocab, incremental: {seconds:8.2f} s")
+    results["train_4k_s"] = seconds
+    results["train_mb"] = mb
+
+    # 2. Naive vs incremental on a slice the naive loop can finish.
+    size, vocab = (10_000, 256 + 100) if quick else (50_000, 512)
+    piece = train_text[:size]
+    naive_s, naive = _once(lambda: BPETokenizer.train(piece, vocab, method="naive"))
+    fast_s, fast = _once(lambda: BPETokenizer.train(piece, vocab))
+    assert naive.merges == fast.merges, "the trainers disagree"
+    print(f"  slice {size // 1000} kB -> {vocab} vocab: naive {naive_s:8.2f} s   incremental {fast_s:8.3f} s"
+          f"   ({naive_s / fast_s:.0f}x, same merges)")
+    results.update(slice_bytes=size, slice_vocab=vocab, naive_s=naive_s, incremental_s=fast_s)
+
+    # 3. Encoding the validation plays: labkit (cold cache, warm cache) vs tiktoken with the same ranks.
+    repeat = 2 if quick else 5
+    n_tokens = len(tok.encode(val_text))
+    tok._cache.clear()
+    cold_s, _ = _once(lambda: tok.encode(val_text))
+    timings = {"labkit": lambda: tok.encode(val_text)}
+    try:
+        import tiktoken
+
+        enc = tiktoken.Encoding("labkit-bench", pat_str=tok.pattern, mergeable_ranks=tok.ranks, special_tokens=tok.special_tokens)
+        timings["tiktoken"] = lambda: enc.encode_ordinary(val_text)
+    except ImportError:
+        print("  (tiktoken not installed: no peer)")
+    medians = interleaved_medians(timings, repeat=repeat)
+    print(f"  encode {len(val_text.encode('utf-8')) / 1e6:.2f} MB -> {n_tokens:,} tokens:")
+    print(f"    {'labkit, cold cache':20s} {n_tokens / cold_s:12,.0f} tokens/s")
+    for name, s in medians.items():
+        label = f"{name}, {'warm cache' if name == 'labkit' else 'same ranks'}"
+        print(f"    {label:20s} {n_tokens / s:12,.0f} tokens/s")
+    results["encode_tokens"] = n_tokens
+    results["encode_cold_tokens_per_s"] = n_tokens / cold_s
+    results.update({f"encode_{k}_tokens_per_s": n_tokens / s for k, s in medians.items()})
+    if "tiktoken" in medians:
+        print(f"    tiktoken / labkit (warm): {medians['labkit'] / medians['tiktoken']:.1f}x")
+
+    # 4. SmolLM2: loading the tokenizer from the GGUF file, and a ~200-token chat prompt.
+    try:
+        path = paths.smollm2_gguf_path()
+    except FileNotFoundError as exc:
+        print(f"  (SmolLM2 skipped: {exc})")
+        return results
+    gguf_tokenizer._cache.clear()
+    load_s, smol = _once(lambda: from_gguf(path))
+    question = " ".join(val_text.split()[:110])
+    prompt = smol.apply_chat_template([{"role": "user", "content": question}])
+    ids = smol.encode(prompt)
+    smol._cache.clear()
+    first_s, _ = _once(lambda: smol.encode(prompt))
+    warm_s = median_seconds(lambda: smol.encode(prompt), repeat=repeat * 4)
+    print(f"  SmolLM2 tokenizer from GGUF: {load_s * 1e3:8.0f} ms")
+    print(f"  SmolLM2 chat prompt of {len(ids)} tokens: {first_s * 1e3:.2f} ms cold, {warm_s * 1e3:.2f} ms warm")
+    results.update(smollm2_load_s=load_s, smollm2_prompt_tokens=len(ids), smollm2_prompt_cold_s=first_s, smollm2_prompt_warm_s=warm_s)
+    return results
