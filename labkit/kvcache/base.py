@@ -1,0 +1,146 @@
+"""The KV cache interface every cache kind implements.
+
+One forward pass over `n_new` tokens talks to the cache in three steps:
+
+    positions = cache.begin(n_new)        # RoPE positions of the new queries, LongTensor [n_new]
+    for layer in range(n_layers):         # inside each attention layer:
+        keys, values, mask = cache.update(layer, k, v, rope)
+        #   k, v: this step's keys (NOT yet rotated) and values [B, n_kv_heads, n_new, head_dim]
+        #   rope(x, positions) rotates x [B, H, T, head_dim] to the given positions
+        #   keys, values: everything to attend over [B, n_kv_heads, n_keys, head_dim], keys rotated
+        #   mask: None (every new query may see every returned key) or bool [n_new, n_keys]
+    cache.end()                           # commit: seq_len grows by n_new
+
+Why the cache, not the attention layer, rotates keys: a contiguous cache rotates
+each key once, at its absolute position, and stores it; a StreamingLLM cache
+(Xiao et al. 2024) stores keys before RoPE and rotates them by their *slot* at read
+time; a paged cache gathers blocks; a quantized cache dequantizes. The attention
+layer only ever sees "keys to attend over", so every kind is a drop-in.
+
+Bookkeeping every kind reports: `seq_len` (tokens committed), `bytes_used()` (bytes
+holding committed tokens), `bytes_allocated()` (bytes reserved), `fragmentation()`
+(1 − used/allocated), `reset()` (forget everything, keep the memory).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+import torch
+
+Rope = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+# kind name -> class; filled by subclasses that set `kind` (see __init_subclass__)
+KINDS: dict[str, type["KVCache"]] = {}
+
+
+class KVCache(ABC):
+    """Abstract KV cache for a model with `config` (see the module docstring for the protocol)."""
+
+    kind: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            if cls.kind in KINDS and KINDS[cls.kind].__qualname__ != cls.__qualname__:
+                raise TypeError(f"cache kind {cls.kind!r} is already registered by {KINDS[cls.kind].__name__}")
+            KINDS[cls.kind] = cls
+
+    def __init__(self, config, *, max_len: int | None = None, batch_size: int = 1,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        max_len = config.max_seq_len if max_len is None else max_len
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.config = config
+        self.max_len = max_len
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._n_new = None  # tokens of the forward pass in progress (between begin and end)
+
+    # ---- the protocol -----------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def seq_len(self) -> int:
+        """Tokens committed so far (the next token's position, for a cache that never evicts)."""
+
+    @abstractmethod
+    def begin(self, n_new: int) -> torch.Tensor:
+        """Start a forward pass over `n_new` tokens; return their RoPE positions, LongTensor [n_new].
+
+        Raises ValueError when the cache cannot hold them.
+        """
+
+    @abstractmethod
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, rope: Rope):
+        """Add this step's keys/values for `layer`; return `(keys, values, mask)` to attend over."""
+
+    @abstractmethod
+    def end(self) -> None:
+        """Commit the tokens of the pass started by `begin`."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every token; keep the allocated memory."""
+
+    @abstractmethod
+    def bytes_allocated(self) -> int:
+        """Bytes reserved for keys and values (and any scales or tables)."""
+
+    @abstractmethod
+    def bytes_used(self) -> int:
+        """Bytes that hold the committed tokens."""
+
+    def abort(self) -> None:
+        """Drop the pass in progress (a forward that failed); committed tokens stay."""
+        self._n_new = None
+
+    # ---- shared helpers ---------------------------------------------------------------
+
+    def fragmentation(self) -> float:
+        """Share of the allocated bytes not holding tokens: 1 − used / allocated."""
+        allocated = self.bytes_allocated()
+        return 0.0 if allocated == 0 else 1.0 - self.bytes_used() / allocated
+
+    def check_new(self, n_new: int, capacity: int | None = None) -> None:
+        """Validate `n_new` for `begin` against `capacity` tokens (default `max_len`)."""
+        if self._n_new is not None:
+            raise RuntimeError("begin() called twice without end(): a forward pass is already in progress")
+        if not isinstance(n_new, int) or n_new < 1:
+            raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
+        capacity = self.max_len if capacity is None else capacity
+        if self.seq_len + n_new > capacity:
+            raise ValueError(
+                f"the cache holds at most {capacity} tokens: {self.seq_len} cached + {n_new} new = "
+                f"{self.seq_len + n_new}; create it with a larger max_len (the model's context is "
+                f"{self.config.max_seq_len})"
+            )
+
+    def check_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Validate the shapes handed to `update` (cheap; meant for the reference kinds)."""
+        expected = (self.batch_size, self.config.n_kv_heads, self._n_new, self.config.head_dim)
+        if self._n_new is None:
+            raise RuntimeError("update() called outside begin()/end()")
+        if tuple(k.shape) != expected or tuple(v.shape) != expected:
+            raise ValueError(f"layer {layer}: keys/values must have shape {expected}, got {tuple(k.shape)} and {tuple(v.shape)}")
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(seq_len={self.seq_len}, max_len={self.max_len}, batch_size={self.batch_size}, "
+                f"dtype={self.dtype}, allocated={self.bytes_allocated() / 2**20:.1f} MiB)")
+
+
+def causal_mask(n_new: int, n_keys: int, device=None) -> torch.Tensor | None:
+    """Mask for `n_new` queries that are the last `n_new` of `n_keys` keys: bool [n_new, n_keys].
+
+    Query i may see keys 0 .. n_keys − n_new + i. Returns None when n_new == 1 (it sees all).
+
+        >>> causal_mask(2, 3).int()
+        tensor([[1, 1, 0],
+                [1, 1, 1]], dtype=torch.int32)
+    """
+    if n_new == 1:
+        return None
+    return torch.ones(n_new, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_new)

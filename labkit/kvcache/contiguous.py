@@ -1,0 +1,78 @@
+"""The contiguous KV cache: one preallocated buffer per layer, written in place.
+
+As in gpt-fast's `KVCache`: keys and values live in `[B, n_kv_heads, max_len, head_dim]`
+buffers allocated once; token t is written at slot t. Keys are rotated once, at their
+absolute position, when they arrive, and never touched again, so a decode step costs
+one small copy per layer and returns views (no allocation, no re-rotation).
+
+    >>> from labkit.config import ModelConfig
+    >>> cfg = ModelConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=10, ffn_dim=8)
+    >>> cache = ContiguousCache(cfg, max_len=4)
+    >>> cache.begin(3)
+    tensor([0, 1, 2])
+"""
+from __future__ import annotations
+
+import torch
+
+from labkit.kvcache.base import KVCache, causal_mask
+
+
+class ContiguousCache(KVCache):
+    """Preallocated `[n_layers, B, n_kv_heads, max_len, head_dim]` key and value buffers."""
+
+    kind = "contiguous"
+
+    def __init__(self, config, **opts):
+        super().__init__(config, **opts)
+        shape = (config.n_layers, self.batch_size, config.n_kv_heads, self.max_len, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._len = 0
+        self._positions = torch.arange(self.max_len, device=self.device)
+        self._mask = None
+
+    @property
+    def seq_len(self) -> int:
+        return self._len
+
+    def begin(self, n_new: int) -> torch.Tensor:
+        self.check_new(n_new)
+        self._n_new = n_new
+        end = self._len + n_new
+        self._mask = causal_mask(n_new, end, self.device)  # None for a single decode token
+        return self._positions[self._len:end]
+
+    def update(self, layer, k, v, rope):
+        if layer == 0:
+            self.check_kv(layer, k, v)
+        start, end = self._len, self._len + self._n_new
+        positions = self._positions[start:end]
+        self.keys[layer, :, :, start:end] = rope(k, positions)  # rotated once, stored rotated
+        self.values[layer, :, :, start:end] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end], self._mask
+
+    def end(self) -> None:
+        if self._n_new is None:
+            raise RuntimeError("end() called without begin()")
+        self._len += self._n_new
+        self._n_new = None
+        self._mask = None
+
+    def reset(self) -> None:
+        self._len = 0
+        self._n_new = None
+        self._mask = None
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first `n` tokens (e.g. to roll back rejected speculative tokens)."""
+        if not 0 <= n <= self._len:
+            raise ValueError(f"n must be in [0, {self._len}], got {n}")
+        self._len = n
+
+    def bytes_allocated(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def bytes_used(self) -> int:
+        per_token = 2 * self.config.n_layers * self.batch_size * self.config.n_kv_heads * self.config.head_dim
+        return per_token * self._len * self.keys.element_size()

@@ -1,0 +1,84 @@
+"""The models the lab can load by name: `labkit.load(name)` -> (model, tokenizer).
+
+Each entry is a `ModelSpec`: a one-line description and a loader function. New models
+(the lab's own Shakespeare target and draft) are added by one `register(...)` call
+where their loader lives, or in this table; nothing else needs to change.
+
+    >>> sorted(available_models())                  # doctest: +SKIP
+    ['smollm2-135m']
+    >>> model, tok = load("smollm2-135m")           # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["ModelSpec", "register", "load", "available_models", "DTYPES"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A loadable model: `loader(dtype) -> (model, tokenizer)`."""
+
+    name: str
+    description: str
+    loader: Callable[[torch.dtype], tuple]
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(name: str, description: str, loader: Callable[[torch.dtype], tuple]) -> None:
+    """Make `load(name)` call `loader(dtype)`."""
+    if name in _REGISTRY:
+        raise ValueError(f"model {name!r} is already registered")
+    _REGISTRY[name] = ModelSpec(name, description, loader)
+
+
+def available_models() -> dict[str, str]:
+    """Model name -> one-line description."""
+    return {name: spec.description for name, spec in _REGISTRY.items()}
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        return DTYPES[dtype]
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def load(name: str, dtype: torch.dtype | str = torch.float32):
+    """Load a model and its tokenizer: `model, tok = labkit.load("smollm2-135m")`.
+
+    `dtype`: torch.float32 (exact; the default) or torch.bfloat16 / torch.float16 (half the
+    bytes per decode step; "bfloat16" as a string works too).
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown model {name!r}; available models: {', '.join(sorted(_REGISTRY)) or 'none'}")
+    return _REGISTRY[name].loader(_as_dtype(dtype))
+
+
+def _load_smollm2(dtype: torch.dtype):
+    from labkit import paths
+    from labkit.gguf_loader import load_gguf, open_gguf
+    from labkit.tokenizer import from_gguf
+
+    path = paths.smollm2_gguf_path()  # FileNotFoundError naming the install command
+    reader = open_gguf(path)
+    model = load_gguf(reader, dtype=dtype)
+    model.config = model.config.replace(name="smollm2-135m")
+    return model, from_gguf(path)
+
+
+register(
+    "smollm2-135m",
+    "SmolLM2-135M-Instruct (Llama architecture, 30 layers, GQA 9/3 heads) from its Q4_1 GGUF file",
+    _load_smollm2,
+)
