@@ -5,7 +5,7 @@
     ...                            d_ff=13824, vocab_size=32000, tie_embeddings=False)
     >>> est = estimate(llama13b, "a100-sxm", prompt_len=512, reply_len=32, compute_eff=0.7, mem_eff=0.9)
     >>> round(est.prefill_s * 1e3), round(est.decode_s_per_token * 1e3, 1), est.bound
-    (61, 14.2, {'prefill': 'compute', 'decode': 'memory'})
+    (60, 14.2, {'prefill': 'compute', 'decode': 'memory'})
 
 The first token comes out of the prefill; each of the other reply_len - 1 tokens is one
 decode step at a context one longer than the last. Formulas: `labkit.workload` (work),

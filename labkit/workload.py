@@ -5,8 +5,8 @@ SwiGLU hidden size; `ffn_dim` is accepted too), vocab_size and tie_embeddings wo
 (duck typing); so does a preset name of `labkit.config.ModelConfig`.
 
 Counting rules (Llama-style decoder, per sequence):
-  - linear layers: 2 FLOPs per weight per token (multiply + add); the LM head runs on every
-    prompt position (as `model(ids)` does);
+  - linear layers: 2 FLOPs per weight per token (multiply + add); in a prefill the LM head runs
+    on the last position only (as `labkit.prefill` and serving engines do);
   - attention: QK^T and AV cost 4 * n_layers * (n_heads * head_dim) FLOPs per (query, key) pair;
     a causal prefill of L tokens has L(L+1)/2 pairs;
   - KV cache: 2 (K and V) * n_layers * n_kv_heads * head_dim elements per token;
@@ -191,8 +191,9 @@ def prefill_work(config, prompt_len, batch: int = 1, weight_bits=16, kv_bits=16,
     L = np.asarray(prompt_len, dtype=float)
     w_bytes, kv_tok, a_bytes = _device_parts(shape, weight_bits, kv_bits, act_bits, tp, weight_group, kv_group)
     tokens = batch * L
+    lm_head = shape.vocab_size * shape.d_model
     return Work(
-        linear_flops=2.0 * shape.matmul_params * tokens / tp,
+        linear_flops=2.0 * ((shape.matmul_params - lm_head) * tokens + lm_head * batch) / tp,
         attn_flops=2.0 * shape.n_layers * shape.attn_width / tp * L * (L + 1) * batch,
         weight_bytes=w_bytes,
         act_bytes=shape.act_elems_per_token(tp) * tokens * a_bytes,

@@ -54,9 +54,10 @@ def test_prefill_flops_follow_2PL_plus_causal_attention():
     L = 512
     w = prefill_work(L2_13B, L)
     s = ModelShape.of(L2_13B)
-    assert w.flops == pytest.approx(2 * s.matmul_params * L + 2 * s.n_layers * s.attn_width * L * (L + 1))
-    # llm-analysis counts 13.27 TFLOPs for this prefill (its attention is not causal-halved): within 2 %
-    assert float(w.flops) == pytest.approx(13.27e12, rel=0.02)
+    head = s.vocab_size * s.d_model                      # logits for the last prompt position only
+    assert w.flops == pytest.approx(2 * (s.matmul_params - head) * L + 2 * head + 2 * s.n_layers * s.attn_width * L * (L + 1))
+    # llm-analysis counts 13.27 TFLOPs (LM head on every position, attention not causal-halved): within 3 %
+    assert float(w.flops) == pytest.approx(13.27e12, rel=0.03)
 
 
 def test_decode_reads_weights_once_and_the_whole_cache():
