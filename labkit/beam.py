@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit.stopping import _id_set
+
 __all__ = ["beam_search", "BeamSearchOutput"]
 
 
@@ -77,7 +79,7 @@ def beam_search(
     prompt = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
     if prompt.numel() == 0:
         raise ValueError("ids must hold at least one token")
-    eos = set() if eos_token_id is None else {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(i) for i in eos_token_id}
+    eos = _id_set(eos_token_id)
     prompt_len = prompt.numel()
     n_candidates = max(2, 1 + len(eos)) * num_beams
 

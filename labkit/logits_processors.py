@@ -81,6 +81,8 @@ def min_p_filter(logits: torch.Tensor, min_p: float, min_keep: int = 1) -> torch
     """
     probs = logits.softmax(dim=-1)
     remove = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    if min_keep <= 1:  # the most likely token always passes (min_p <= 1): no sort needed
+        return logits.masked_fill(remove, NEG_INF)
     order = torch.argsort(logits, dim=-1, descending=True)
     remove_sorted = remove.gather(-1, order)
     remove_sorted[..., :min_keep] = False

@@ -101,6 +101,15 @@ class StopStrings:
         return n
 
 
+def _id_set(ids) -> frozenset:
+    """None, one id (int, numpy or 0-d tensor) or several ids -> a frozenset of ints."""
+    if ids is None:
+        return frozenset()
+    if isinstance(ids, (list, tuple, set, frozenset)) or getattr(ids, "ndim", 0) > 0:
+        return frozenset(int(i) for i in ids)
+    return frozenset([int(ids)])
+
+
 @dataclass
 class StoppingCriteria:
     """All the reasons to stop, checked after each new token.
@@ -121,9 +130,7 @@ class StoppingCriteria:
     eos_ids: frozenset = field(init=False, repr=False)
 
     def __post_init__(self):
-        ids = self.eos_token_id
-        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-        self.eos_ids = frozenset(int(i) for i in ids)
+        self.eos_ids = _id_set(self.eos_token_id)
         if self.max_new_tokens is not None and (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0):
             raise ValueError(f"max_new_tokens must be an int >= 0, got {self.max_new_tokens!r}")
         if self.context_length is not None and (not isinstance(self.context_length, int) or self.context_length < 1):
