@@ -37,6 +37,20 @@ class PrefillState:
     history: list[int] = field(default_factory=list)  # prompt + generated ids
     rng_state: torch.Tensor | None = None  # torch.Generator state; None until seeded
     seed: int | None = 0
+    model_info: dict | None = None  # name and weight fingerprint of the model that made it (for load)
+
+    def save(self, path) -> "Path":
+        """Write this state to one safetensors file, to resume later (see `labkit.checkpoint`)."""
+        from labkit.checkpoint import save_state
+
+        return save_state(self, path)
+
+    @classmethod
+    def load(cls, path, model) -> "PrefillState":
+        """Read a saved state for `model` (ValueError, naming both, if another model saved it)."""
+        from labkit.checkpoint import load_state
+
+        return load_state(path, model)
 
 
 @dataclass
@@ -87,17 +101,31 @@ def prefill(model, ids, cache="contiguous", max_len: int | None = None, seed: in
     """Stage 1: run the prompt `ids` through the model, filling a KV cache.
 
     `cache` is a kind name (a new cache of `max_len` slots, default prompt + 512) or a
-    cache object. Returns the `PrefillState` that `decode` continues from.
+    cache object. A cache may ask for the prompt in pieces (`cache.plan_chunks`: a
+    sliding window longer prompts than it holds) or reuse cached prefix blocks
+    (`cache.reuse_prefix`: the paged cache). Returns the `PrefillState` that `decode`
+    continues from.
     """
+    from labkit.checkpoint import model_info
+
     x = _as_ids(ids)
     if isinstance(cache, str):
         if max_len is None:
             max_len = min(model.config.max_seq_len, x.shape[1] + DEFAULT_HEADROOM)
         cache = model.new_cache(kind=cache, max_len=max_len)
-    logits = model(x, cache=cache, last_only=True)[0, -1].float()  # [vocab_size]
+    prefix = hasattr(cache, "reuse_prefix") and cache.seq_len == 0 and x.shape[0] == 1
+    start = cache.reuse_prefix(x[0].tolist()) if prefix else 0
+    sizes = cache.plan_chunks(x.shape[1] - start) if hasattr(cache, "plan_chunks") else [x.shape[1] - start]
+    for n in sizes:
+        logits = model(x[:, start:start + n], cache=cache, last_only=True)
+        start += n
+    if prefix:
+        cache.register_prefix(x[0].tolist())
+    logits = logits[0, -1].float()  # [vocab_size]
     generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
     return PrefillState(cache=cache, position=cache.seq_len, logits=logits, history=x[0].tolist(),
-                        rng_state=None if generator is None else generator.get_state(), seed=seed)
+                        rng_state=None if generator is None else generator.get_state(), seed=seed,
+                        model_info=model_info(model))
 
 
 def _check_state(state) -> None:
