@@ -14,7 +14,7 @@ from labkit.hardware import hardware, precision_for
 from labkit.roofline import phase_time
 from labkit.workload import decode_work, prefill_work
 
-__all__ = ["free_decode_mhz", "power_cap"]
+__all__ = ["free_decode_mhz", "power_cap", "clock_sweep"]
 
 
 def _decode_probe(config, hw, context, batch, bits, tp, settings, freqs):
@@ -65,4 +65,37 @@ def power_cap(config, hw, prompt_len: int, reply_len: int, cap_w: float, batch: 
         out[phase] = {"mhz": float(freqs[i, 0]), "watts": float(watts[i]), "watts_uncapped": float(watts[-1]),
                       "time_uncapped": float(pt.time[-1, 0]), "time_capped": float(pt.time[i, 0]),
                       "slowdown": float(pt.time[i, 0] / pt.time[-1, 0])}
+    return out
+
+
+def clock_sweep(config, hw, prompt_len: int, context: int, domain: str = "core", n: int = 48, batch: int = 1,
+                weight_bits=16, kv_bits=16, act_bits=16, tp: int = 1, **settings) -> dict:
+    """Prefill (of prompt_len tokens) and one decode step (at `context`) vs one clock, the other at its top.
+
+    domain "core" sweeps the V-f table; "mem" sweeps the memory clock (from its lowest level, or a quarter of
+    the top where the profile lists one level). Returns MHz, seconds and joules per phase (all devices).
+    """
+    from labkit.energy import phase_energy
+
+    hw = hardware(hw)
+    if domain not in ("core", "mem"):
+        raise ValueError(f"domain must be 'core' or 'mem', got {domain!r}")
+    if domain == "core":
+        freqs = hw.vf.grid(n)
+    else:
+        lo = hw.mem_mhz[0] if len(hw.mem_mhz) > 1 else hw.fmax_mem / 4
+        freqs = np.linspace(lo, hw.fmax_mem, n)
+    col = freqs[:, None]
+    clocks = {"core_mhz": col} if domain == "core" else {"mem_mhz": col}
+    bits = dict(weight_bits=weight_bits, kv_bits=kv_bits, act_bits=act_bits)
+    timing = {k: v for k, v in settings.items() if k in ("compute_eff", "mem_eff")}
+    sram = settings.get("kv_sram_mb", 0.0) * 2**20
+    precision = precision_for(weight_bits, act_bits)
+    out = {"mhz": freqs, "domain": domain}
+    for phase, work in (("prefill", prefill_work(config, [prompt_len], batch, tp=tp, **bits)),
+                        ("decode", decode_work(config, [context], batch, tp=tp, **bits))):
+        pt = phase_time(work, hw, tp=tp, sram_kv_bytes=sram, **clocks, **bits, **timing)
+        en = phase_energy(hw, pt, precision, devices=tp, **clocks)
+        out[f"{phase}_s"] = np.asarray(pt.time)[:, 0]
+        out[f"{phase}_j"] = np.asarray(en.joules)[:, 0]
     return out
