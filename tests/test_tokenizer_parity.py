@@ -1,9 +1,9 @@
 """Token-for-token parity: labkit's BPE against tiktoken (same ranks) and SmolLM2's against Hugging Face `tokenizers`.
 
-The SmolLM2 reference is a `tokenizers.Tokenizer` built from the GGUF file's own
-vocabulary and merges with the pre-tokenizer SmolLM2 was trained with (every
-digit apart, then GPT-2's byte-level regex). The tokenizer that `transformers`
-derives from a GGUF file leaves out the digit split, so it is not used here.
+The references are built in `labkit.tokenizer_reference`: tiktoken with labkit's
+ranks, and a `tokenizers.Tokenizer` from SmolLM2's GGUF vocabulary and merges with
+the pre-tokenizer SmolLM2 was trained with (every digit apart, then GPT-2's
+byte-level regex).
 """
 from pathlib import Path
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit import corpus, paths
-from labkit.gguf_tokenizer import read_metadata
 from labkit.tokenizer import BPETokenizer, from_gguf
+from labkit.tokenizer_reference import smollm2_reference, tiktoken_encoding
 
 tiktoken = pytest.importorskip("tiktoken")
 tokenizers = pytest.importorskip("tokenizers")
@@ -39,10 +39,6 @@ def _code_samples() -> list[str]:
     return [(ROOT / "labkit" / name).read_text(encoding="utf-8") for name in ("tokenizer.py", "bpe_train.py")]
 
 
-def _tiktoken_for(tok: BPETokenizer):
-    return tiktoken.Encoding("labkit-parity", pat_str=tok.pattern, mergeable_ranks=tok.ranks, special_tokens=tok.special_tokens)
-
-
 @pytest.fixture(scope="module")
 def shakespeare_tok():
     if SHAKESPEARE_BPE.is_file():
@@ -62,23 +58,12 @@ def smol():
 
 @pytest.fixture(scope="module")
 def hf_smol():
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    meta = read_metadata(paths.smollm2_gguf_path())
-    texts, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
-    vocab = {t: i for i, t in enumerate(texts)}
-    ref = Tokenizer(models.BPE(vocab, [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]))
-    ref.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    ref.decoder = decoders.ByteLevel()
-    ref.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(texts, types) if k == 3])
-    return ref
+    return smollm2_reference()
 
 
 # ---------------------------------------------------------------- (a) labkit == tiktoken, same ranks
 def test_tiktoken_parity_on_the_corpus(shakespeare_tok):
-    enc = _tiktoken_for(shakespeare_tok)
+    enc = tiktoken_encoding(shakespeare_tok)
     for text in (corpus.load_text("val"), corpus.load_text("train")[:400_000]):
         ids = shakespeare_tok.encode(text, allowed_special="none")
         assert ids == enc.encode_ordinary(text)
@@ -86,7 +71,7 @@ def test_tiktoken_parity_on_the_corpus(shakespeare_tok):
 
 
 def test_tiktoken_parity_with_special_tokens(shakespeare_tok):
-    enc = _tiktoken_for(shakespeare_tok)
+    enc = tiktoken_encoding(shakespeare_tok)
     text = "ROMEO:\nBut soft!<|endoftext|>JULIET:\nAy me!"
     assert shakespeare_tok.encode(text) == enc.encode(text, allowed_special="all")
 
@@ -103,7 +88,7 @@ _ENCODINGS = {}
 
 def _tiktoken_cached(tok):
     if id(tok) not in _ENCODINGS:
-        _ENCODINGS[id(tok)] = _tiktoken_for(tok)
+        _ENCODINGS[id(tok)] = tiktoken_encoding(tok)
     return _ENCODINGS[id(tok)]
 
 
