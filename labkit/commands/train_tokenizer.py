@@ -31,8 +31,9 @@ def run(args) -> int:
     out = Path(args.out) if args.out else paths.data_path(SHAKESPEARE_BPE)
     tok.name = out.stem
     tok.save(out)
-    n_tokens = len(tok.encode(text, allowed_special="none"))
+    sample = text[:1_000_000]
+    n_tokens = len(tok.encode(sample, allowed_special="none"))
     print(f"trained {len(tok.merges)} merges on {len(text.encode('utf-8')):,} bytes in {seconds:.1f} s ({args.method})")
-    print(f"vocab_size {tok.vocab_size}; {len(text.encode('utf-8')) / n_tokens:.2f} bytes per token on the training text")
+    print(f"vocab_size {tok.vocab_size}; {len(sample.encode('utf-8')) / max(n_tokens, 1):.2f} bytes per token on the training text")
     print(f"wrote {out}")
     return 0
