@@ -10,7 +10,8 @@ fraction of a second; `gguf.GGUFReader` indexes all the tensors too, which takes
 seconds, so `from_gguf(path)` parses the header itself (a test checks it against
 `gguf.GGUFReader`) and keeps the result in memory, per file.
 
-    >>> tok = from_gguf(labkit.paths.smollm2_gguf_path())          # doctest: +SKIP
+    >>> from labkit import paths
+    >>> tok = from_gguf(paths.smollm2_gguf_path())
     >>> tok.vocab_size, tok.bos_id, tok.eos_id
     (49152, 1, 2)
 """

@@ -206,8 +206,13 @@ class BPETokenizer:
             raise TypeError(f"ids must be ints, got {[i for i in bad if not isinstance(i, int)][:5]}")
         raise ValueError(f"unknown token ids {sorted(set(bad))[:10]} (this tokenizer has ids 0..{len(table) - 1})")
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Ids -> text. Bytes that do not form valid UTF-8 on their own become U+FFFD."""
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Ids -> text. Bytes that do not form valid UTF-8 on their own become U+FFFD.
+
+        `skip_special_tokens=True` leaves out special tokens such as '<|im_end|>'.
+        """
+        if skip_special_tokens:
+            ids = [i for i in (ids.tolist() if hasattr(ids, "tolist") else ids) if i not in self._special_ids]
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def stream_decoder(self) -> "StreamDecoder":

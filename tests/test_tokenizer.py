@@ -96,6 +96,7 @@ def test_special_tokens(tok):
     eot = tok.special_tokens["<|endoftext|>"]
     assert tok.eos_id == eot and tok.bos_id is None and tok.vocab_size == 318
     assert tok.encode("Speak<|endoftext|>") == tok.encode("Speak") + [eot]
+    assert tok.decode(tok.encode("Speak<|endoftext|>"), skip_special_tokens=True) == "Speak"
     plain = tok.encode("<|endoftext|>", allowed_special="none")
     assert eot not in plain and tok.decode(plain) == "<|endoftext|>"
     assert tok.encode("<|pad|><|endoftext|>", allowed_special={"<|pad|>"})[0] == tok.special_tokens["<|pad|>"]
