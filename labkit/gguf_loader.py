@@ -38,13 +38,28 @@ SUPPORTED_ARCHITECTURES = ("llama",)
 NATIVE_ROPE_LAYOUT = {"llama": "interleaved"}
 
 
+_readers: dict[tuple, object] = {}  # (path, size, mtime) -> GGUFReader: parsing the header takes seconds
+
+
 def open_gguf(path):
-    """Open a GGUF file with `gguf.GGUFReader`, turning its terse errors into ones that name the file."""
+    """Open a GGUF file with `gguf.GGUFReader`, turning its terse errors into ones that name the file.
+
+    Readers are kept per file (path, size, modification time), since the tensors are
+    memory-mapped and the header parse is the slow part.
+    """
     import gguf
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _readers:
+        _readers[key] = _read(gguf, path)
+    return _readers[key]
+
+
+def _read(gguf, path: Path):
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":

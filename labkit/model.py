@@ -145,7 +145,7 @@ class Transformer(nn.Module):
     @property
     def rope(self) -> Rotary:
         """The RoPE tables (built on first use, and again after a move to another device)."""
-        if self._rope is None or self._rope._device() != self.device:
+        if self._rope is None or self._rope.device != self.device:
             cfg = self.config
             self._rope = Rotary(cfg.head_dim, cfg.rope_base, cfg.max_seq_len, cfg.rope_layout, device=self.device)
         return self._rope

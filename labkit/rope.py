@@ -63,28 +63,32 @@ class Rotary:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.head_dim, self.base, self.max_len, self.layout = head_dim, base, max_len, layout
-        theta = angles(torch.arange(max_len), head_dim, base)  # [max_len, head_dim/2]
-        if layout == "interleaved":
-            # one complex multiply per pair: (x0 + i·x1)·(cos + i·sin)
-            self.table = torch.polar(torch.ones_like(theta), theta).to(device=device, dtype=torch.complex64)
-        else:
-            # rotate_half form: x·[cos, cos] + [-x1, x0]·[sin, sin]
-            self.cos = torch.cat([theta.cos(), theta.cos()], dim=-1).to(device=device, dtype=dtype)
-            self.sin = torch.cat([theta.sin(), theta.sin()], dim=-1).to(device=device, dtype=dtype)
-        self.dtype = dtype
+        self.device = torch.device(device)
+        theta = angles(torch.arange(max_len), head_dim, base).to(self.device)  # float64 [max_len, head_dim/2]
+        # interleaved: one complex multiply per pair, (x0 + i·x1)·(cos + i·sin) = e^{i·m·θ}
+        # half: the rotate_half form, x·[cos, cos] + [-x1, x0]·[sin, sin]
+        self._tables64 = (torch.polar(torch.ones_like(theta), theta) if layout == "interleaved"
+                          else (torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)))
+        self._tables: dict[torch.dtype, object] = {}
+        self.tables(dtype)
 
-    def to(self, dtype: torch.dtype) -> "Rotary":
-        return Rotary(self.head_dim, self.base, self.max_len, self.layout, dtype, self._device())
-
-    def _device(self):
-        return (self.table if self.layout == "interleaved" else self.cos).device
+    def tables(self, dtype: torch.dtype):
+        """The tables for inputs of `dtype` (the interleaved form always multiplies in complex64/128)."""
+        if dtype not in self._tables:
+            if self.layout == "interleaved":
+                self._tables[dtype] = self._tables64.to(torch.complex128 if dtype == torch.float64 else torch.complex64)
+            else:
+                self._tables[dtype] = tuple(t.to(dtype) for t in self._tables64)
+        return self._tables[dtype]
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.layout == "interleaved":
-            pairs = x.float().reshape(*x.shape[:-1], -1, 2)  # [B, H, T, head_dim/2, 2]
-            rotated = torch.view_as_complex(pairs) * self.table[positions]  # [B, H, T, head_dim/2]
+            work = x if x.dtype == torch.float64 else x.float()
+            pairs = work.reshape(*x.shape[:-1], -1, 2)  # [B, H, T, head_dim/2, 2]
+            rotated = torch.view_as_complex(pairs) * self.tables(x.dtype)[positions]  # [B, H, T, head_dim/2]
             return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
-        cos, sin = self.cos[positions], self.sin[positions]  # [T, head_dim]
+        cos, sin = self.tables(x.dtype)
+        cos, sin = cos[positions], sin[positions]  # [T, head_dim]
         half = self.head_dim // 2
         rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated_half * sin

@@ -1,0 +1,84 @@
+"""Exercises of chapter 02: RMSNorm, RoPE, grouped-query causal attention, the parameter count."""
+from __future__ import annotations
+
+import torch
+
+from labkit.config import ModelConfig
+from labkit.exercises._core import check
+from labkit.rope import angles, apply_rope
+
+__all__ = ["check_rms_norm", "check_rope", "check_gqa_attention", "check_param_count"]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def check_rms_norm(fn) -> bool:
+    """Check `fn(x [..., d], weight [d], eps) -> [..., d]`: x / sqrt(mean(x²) + eps) · weight."""
+    g = _gen(0)
+    cases = [
+        (torch.tensor([[3.0, 4.0]]), torch.ones(2), 0.0),  # rms = sqrt(12.5)
+        (torch.randn(4, 8, generator=g, dtype=torch.float64), torch.rand(8, generator=g, dtype=torch.float64), 1e-5),
+        (torch.randn(2, 3, 16, generator=g, dtype=torch.float64) * 100, torch.ones(16, dtype=torch.float64), 1e-6),
+        (torch.zeros(1, 4, dtype=torch.float64), torch.ones(4, dtype=torch.float64), 1e-5),  # eps keeps it finite
+    ]
+    return check("rms_norm", fn, _reference_rms_norm, cases,
+                 hint="divide by the root of the mean of the squares over the last dimension (no mean subtraction), "
+                      "add eps inside the root, then multiply by weight")
+
+
+def _reference_rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    theta = angles(positions, x.shape[-1], base)
+    return apply_rope(x, theta.cos().to(x.dtype), theta.sin().to(x.dtype), "interleaved")
+
+
+def check_rope(fn) -> bool:
+    """Check `fn(x [T, d], positions [T], base) -> [T, d]`, interleaved layout:
+    pair (x[2i], x[2i+1]) at position m is rotated by m · base^(-2i/d)."""
+    g = _gen(1)
+    cases = [
+        (torch.tensor([[1.0, 0.0]], dtype=torch.float64), torch.tensor([1]), 10000.0),  # rotate (1, 0) by 1 rad
+        (torch.randn(3, 4, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2]), 10000.0),
+        (torch.randn(5, 8, generator=g, dtype=torch.float64), torch.tensor([7, 3, 100, 0, 42]), 100000.0),
+    ]
+    return check("rope", fn, _reference_rope, cases,
+                 hint="theta_i = base ** (-2 i / d); angle = m * theta_i; (a, b) -> (a cos - b sin, a sin + b cos) "
+                      "for the pairs (x[0], x[1]), (x[2], x[3]), ...")
+
+
+def _reference_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    g = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
+    T = q.shape[1]
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def check_gqa_attention(fn) -> bool:
+    """Check `fn(q [n_heads, T, d], k [n_kv_heads, T, d], v [n_kv_heads, T, d]) -> [n_heads, T, d]`:
+    causal softmax(q·kᵀ/√d)·v where query head h reads KV head h // (n_heads / n_kv_heads)."""
+    g = _gen(2)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    cases = [(r(1, 3, 4), r(1, 3, 4), r(1, 3, 4)), (r(4, 5, 8), r(4, 5, 8), r(4, 5, 8)),
+             (r(6, 4, 8), r(2, 4, 8), r(2, 4, 8)), (r(9, 6, 16), r(3, 6, 16), r(3, 6, 16))]
+    return check("gqa_attention", fn, _reference_gqa, cases,
+                 hint="repeat each KV head n_heads / n_kv_heads times *consecutively* (repeat_interleave, not repeat), "
+                      "scale by 1/sqrt(d), mask keys after the query with -inf, softmax over keys")
+
+
+def _reference_param_count(config: ModelConfig) -> int:
+    return config.n_params()
+
+
+def check_param_count(fn) -> bool:
+    """Check `fn(config: ModelConfig) -> int`: the model's distinct parameters (a tied LM head counts once)."""
+    cases = [(ModelConfig.from_name(n),) for n in ("smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3.2-1b")]
+    return check("param_count", fn, _reference_param_count, cases,
+                 hint="embedding V·d; per layer: Wq d·(H·hd), Wk and Wv d·(H_kv·hd) each, Wo (H·hd)·d, "
+                      "gate/up/down 3·d·ffn, two norms 2·d; final norm d; LM head V·d unless tied")
