@@ -90,10 +90,10 @@ def save_state(state, path: str | Path, model=None) -> Path:
     tensors["history"] = torch.tensor(state.history, dtype=torch.long)
     if state.rng_state is not None:
         tensors["rng_state"] = state.rng_state
-    model_info = model_info(model) if model is not None else state.model_info
+    info = model_info(model) if model is not None else state.model_info
     header = {
         "format": FORMAT,
-        "model": model_info or {"name": state.cache.config.name, "fingerprint": None, "dtype": str(state.cache.dtype).replace("torch.", "")},
+        "model": info or {"name": state.cache.config.name, "fingerprint": None, "dtype": str(state.cache.dtype).replace("torch.", "")},
         "config": dataclasses.asdict(state.cache.config),
         "cache": {"kind": state.cache.kind, "options": options, "meta": cache_meta},
         "position": state.position,
