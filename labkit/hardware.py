@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from labkit.dvfs import PowerState, VFTable
 
-__all__ = ["Hardware", "HARDWARE", "hardware", "this_machine", "PRECISIONS", "precision_for"]
+__all__ = ["Hardware", "HARDWARE", "hardware", "this_machine", "profile_table", "PRECISIONS", "precision_for"]
 
 PRECISIONS = ("int4", "int8", "fp16", "fp32")  # narrow -> wide
 LEVELS = ("onchip", "dram", "offload")
@@ -247,3 +247,26 @@ def hardware(name) -> Hardware:
     if key not in HARDWARE:
         raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")
     return HARDWARE[key]
+
+
+_MARK = {"measured": "M", "datasheet": "D", "repository": "R", "paper": "P", "derived": "d", "secondary": "S", "assumed": "A"}
+
+
+def profile_table(keys=None) -> str:
+    """A text table of the main numbers of each profile, each followed by its confidence mark.
+
+    Marks: D datasheet, R repository, P paper, d derived, S secondary, A assumed, M measured.
+    """
+    keys = [k for k in HARDWARE if k != THIS_MACHINE] if keys is None else list(keys)
+    head = f"{'profile':24s} {'fp16 TFLOP/s':>14s} {'int8 TOP/s':>12s} {'DRAM GB/s':>11s} {'DRAM GB':>9s} {'SRAM MB':>9s} {'TDP W':>8s}"
+    rows = [head]
+    for key in keys:
+        hw = hardware(key)
+
+        def cell(name, value, width):
+            return f"{value:>{width - 2},.4g} {_MARK[hw.provenance[name][0]]}"
+
+        rows.append(f"{key:24s} {cell('peak_tflops', hw.peak_flops('fp16') / 1e12, 14)} "
+                    f"{cell('peak_tflops', hw.peak_flops('int8') / 1e12, 12)} {cell('mem_bw_gbs', hw.mem_bw_gbs, 11)} "
+                    f"{cell('mem_gb', hw.mem_gb, 9)} {cell('onchip_mb', hw.onchip_mb, 9)} {cell('tdp_w', hw.tdp_w, 8)}")
+    return "\n".join(rows + ["marks: D datasheet, R repository file, P paper/vendor page, d derived, S secondary, A assumed, M measured"])

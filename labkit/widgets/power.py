@@ -10,6 +10,11 @@ __all__ = ["power_timeline", "energy_vs_reply", "kv_placement", "dvfs_explorer",
 LENGTHS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096]
 
 
+def _options(values, value) -> list:
+    """Slider stops, with `value` added if it is not one of them (so any starting value works)."""
+    return sorted(set(values) | {value})
+
+
 def hardware_names(include_this_machine: bool = False) -> list[str]:
     from labkit.hardware import HARDWARE
 
@@ -72,8 +77,8 @@ def power_timeline(config: str = "llama-3.2-3b", hw: str = "phone-sd8gen3", prom
         "hw": widgets.Dropdown(options=hardware_names(), value=hw, description="hardware"),
         "model": widgets.Dropdown(options=model_names(), value=config, description="model"),
         "switch": widgets.Dropdown(options=list(power.SWITCHES), value="dvfs", description="switch"),
-        "prompt": widgets.SelectionSlider(options=LENGTHS[3:], value=prompt_len, description="prompt"),
-        "reply": widgets.SelectionSlider(options=LENGTHS, value=reply_len, description="reply"),
+        "prompt": widgets.SelectionSlider(options=_options(LENGTHS[3:], prompt_len), value=prompt_len, description="prompt"),
+        "reply": widgets.SelectionSlider(options=_options(LENGTHS, reply_len), value=reply_len, description="reply"),
         "bits": widgets.Dropdown(options=[4, 8, 16], value=4, description="weight bits"),
         "core": widgets.FloatSlider(min=0, max=100, step=5, value=0, description="decode core %",
                                     tooltip="decode core clock, % of the top; 0 = auto (lowest free level)"),
@@ -120,7 +125,7 @@ def energy_vs_reply(config: str = "llama-3.2-3b", hw: str = "phone-sd8gen3", pro
     c = {
         "hw": widgets.Dropdown(options=hardware_names(), value=hw, description="hardware"),
         "switch": widgets.Dropdown(options=list(power.SWITCHES), value="handoff", description="switch"),
-        "prompt": widgets.SelectionSlider(options=LENGTHS[3:], value=prompt_len, description="prompt"),
+        "prompt": widgets.SelectionSlider(options=_options(LENGTHS[3:], prompt_len), value=prompt_len, description="prompt"),
         "graph": widgets.FloatLogSlider(min=0, max=3, value=360, description="graph load ms"),
     }
     message = widgets.HTML()

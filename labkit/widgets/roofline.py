@@ -19,13 +19,13 @@ def roofline_explorer(config: str = "llama-2-7b", hw: str = "h100-sxm", prompt_l
     from labkit.costmodel import diagnose, estimate
     from labkit.viz import _spec
     from labkit.viz.roofline import ridge_figure, ridge_spec, roofline_figure, roofline_spec
-    from labkit.widgets.power import _box, _guard, hardware_names, model_names
+    from labkit.widgets.power import _box, _guard, _options, hardware_names, model_names
 
     c = {
         "hw": widgets.Dropdown(options=hardware_names(), value=hw, description="hardware"),
         "model": widgets.Dropdown(options=model_names(), value=config, description="model"),
-        "prompt": widgets.SelectionSlider(options=PROMPTS, value=prompt_len, description="prompt"),
-        "context": widgets.SelectionSlider(options=PROMPTS, value=prompt_len, description="decode context"),
+        "prompt": widgets.SelectionSlider(options=_options(PROMPTS, prompt_len), value=prompt_len, description="prompt"),
+        "context": widgets.SelectionSlider(options=_options(PROMPTS, prompt_len), value=prompt_len, description="decode context"),
         "batch": widgets.SelectionSlider(options=BATCHES, value=1, description="batch"),
         "wbits": widgets.Dropdown(options=[16, 8, 4], value=16, description="weight bits"),
         "kvbits": widgets.Dropdown(options=[16, 8, 4], value=16, description="KV bits"),
