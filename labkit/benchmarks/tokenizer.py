@@ -28,7 +28,7 @@ def run(quick: bool = False) -> dict:
     results["train_mb"] = mb
 
     # 2. Naive vs incremental on a slice the naive loop can finish.
-    size, vocab = (10_000, 256 + 100) if quick else (50_000, 512)
+    size, vocab = (10_000, 256 + 100) if quick else (30_000, 256 + 200)
     piece = train_text[:size]
     naive_s, naive = _once(lambda: BPETokenizer.train(piece, vocab, method="naive"))
     fast_s, fast = _once(lambda: BPETokenizer.train(piece, vocab))
@@ -70,7 +70,7 @@ def run(quick: bool = False) -> dict:
         return results
     gguf_tokenizer._cache.clear()
     load_s, smol = _once(lambda: from_gguf(path))
-    question = " ".join(val_text.split()[:110])
+    question = " ".join(val_text.split()[:60])
     prompt = smol.apply_chat_template([{"role": "user", "content": question}])
     ids = smol.encode(prompt)
     smol._cache.clear()
