@@ -13,7 +13,6 @@ decode step at a context one longer than the last. Formulas: `labkit.workload` (
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,11 +124,11 @@ def estimate(config, hw, prompt_len: int, reply_len: int, batch: int = 1, weight
     timing = dict(compute_eff=compute_eff, mem_eff=mem_eff, core_mhz=core_mhz, mem_mhz=mem_mhz,
                   sram_kv_bytes=kv_sram_mb * 2**20, tp=tp, **bits)
 
-    pw = prefill_work(shape_config(shape), prompt_len, batch, **common)
+    pw = prefill_work(shape, prompt_len, batch, **common)
     pre = phase_time(pw, hw, **timing)
     n_steps = max(reply_len - 1, 1)  # a 1-token reply has no decode step; report the step it would take
     contexts = prompt_len + np.arange(n_steps)
-    dw = decode_work(shape_config(shape), contexts, batch, **common)
+    dw = decode_work(shape, contexts, batch, **common)
     dec = phase_time(dw, hw, **timing)
 
     steps = dec.time if reply_len > 1 else dec.time[:0]
@@ -137,7 +136,7 @@ def estimate(config, hw, prompt_len: int, reply_len: int, batch: int = 1, weight
     total_s = prefill_s + float(steps.sum())
     me = hw.mem_eff if mem_eff is None else mem_eff
     precision = precision_for(weight_bits, act_bits)
-    kv_tok = kv_bytes_per_token(shape_config(shape), kv_bits, kv_group)
+    kv_tok = kv_bytes_per_token(shape, kv_bits, kv_group)
     dec_bytes = sum(dec.level_bytes.values())
     return Estimate(
         prompt_len=prompt_len, reply_len=reply_len, batch=batch,
@@ -155,11 +154,6 @@ def estimate(config, hw, prompt_len: int, reply_len: int, batch: int = 1, weight
         spill_bytes=float(max(np.max(pre.spill), np.max(dec.spill))),
         prefill=pre, decode=dec,
     )
-
-
-def shape_config(shape: ModelShape) -> ModelShape:
-    """A ModelShape is itself a valid config (same attribute names)."""
-    return shape
 
 
 def _majority(bounds) -> str:
@@ -188,7 +182,5 @@ def diagnose(est: Estimate, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.05) ->
                  f"{est.mbu_decode:.0%}: the idle ALUs wait for memory; more compute would not help.")
     if est.spill_bytes > 0:
         lines.append(f"{est.spill_bytes / 1e9:.2f} GB do not fit in DRAM and are read from the offload level every step.")
-    if not math.isfinite(est.prefill_share):
-        return lines
     lines.append(f"prefill is {est.prefill_share:.0%} of the request's time at prompt {est.prompt_len} / reply {est.reply_len}.")
     return lines

@@ -183,7 +183,8 @@ _MEASURED: dict[str, Hardware] = {}
 def this_machine(seconds: float = 0.3, refresh: bool = False) -> Hardware:
     """This machine's profile: read bandwidth and float32 matmul FLOP/s measured now (~4 x `seconds`).
 
-    The result is cached for the session; `refresh=True` measures again.
+    The measured copy bandwidth is kept as `.copy_bw_gbs` (the name lists all three numbers). The result
+    is cached for the session; `refresh=True` measures again.
     """
     if THIS_MACHINE in _MEASURED and not refresh:
         return _MEASURED[THIS_MACHINE]

@@ -195,3 +195,13 @@ def test_a_config_missing_fields_is_a_type_error():
         estimate(object(), "h100-sxm", 16, 4)
     with pytest.raises(ValueError, match="n_heads must be a multiple of n_kv_heads, got 9 and 4"):
         ModelShape.of(Cfg(30, 576, 9, 4, 64, 1536, 49152))
+
+
+@pytest.mark.parametrize("module", ["labkit.dvfs", "labkit.hardware", "labkit.workload", "labkit.memlevels",
+                                    "labkit.costmodel", "labkit.switching", "labkit.kvpressure"])
+def test_docstring_examples_hold(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
