@@ -1,0 +1,53 @@
+"""Figures of chapter 03, the measured half: TTFT vs prompt length, ITL vs position, one reply's time.
+
+The inputs are measurements of this machine (`labkit.latency`): rows of `ttft_sweep`
+and `itl_sweep`.
+
+    >>> fig = ttft_itl_figure(ttft_rows, itl_rows)                      # doctest: +SKIP
+    >>> fig = reply_time_figure(ttft_rows, itl_rows, prompt_len=512, reply_len=64)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from labkit.latency import reply_estimate
+
+__all__ = ["ttft_itl_figure", "reply_time_figure"]
+
+
+def ttft_itl_figure(ttft_rows, itl_rows) -> go.Figure:
+    """Left: TTFT (ms) vs prompt length. Right: ITL (ms) vs position in the sequence."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT grows with the prompt (prefill)",
+                                                        "ITL barely moves with the position (decode)"))
+    p = [r["prompt_len"] for r in ttft_rows]
+    fig.add_trace(go.Scatter(x=p, y=[r["ttft_s"] * 1e3 for r in ttft_rows], mode="lines+markers", name="TTFT",
+                             text=[f"{n / r['ttft_s']:.0f} tokens/s" for n, r in zip(p, ttft_rows)]), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[r["position"] for r in itl_rows], y=[r["itl_s"] * 1e3 for r in itl_rows],
+                             mode="lines+markers", name="ITL", text=[f"{1 / r['itl_s']:.1f} tokens/s" for r in itl_rows]),
+                  row=1, col=2)
+    fig.update_xaxes(title_text="prompt length (tokens)", type="log", row=1, col=1)
+    fig.update_xaxes(title_text="position of the decoded token", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="ms", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=2)
+    fig.update_layout(height=400, margin=dict(t=60, l=60, r=20, b=50), showlegend=False,
+                      title="Measured on this machine")
+    return fig
+
+
+def reply_time_figure(ttft_rows, itl_rows, prompt_len: int, reply_len: int, measured: dict | None = None) -> go.Figure:
+    """One reply's time split into prefill and decode, from the measured sweeps; `measured`
+    ({ttft_s, decode_s}, e.g. from a live run) is drawn beside the estimate."""
+    est = reply_estimate(ttft_rows, itl_rows, prompt_len, reply_len)
+    rows = ["estimate from the sweeps", "measured now"]
+    m = measured or {"ttft_s": 0.0, "decode_s": 0.0}
+    fig = go.Figure([
+        go.Bar(y=rows, x=[est["ttft_s"], m["ttft_s"]], orientation="h", name="prefill (TTFT)", marker=dict(color="#d62728")),
+        go.Bar(y=rows, x=[est["decode_s"], m["decode_s"]], orientation="h", name=f"decode ({reply_len - 1} steps)",
+               marker=dict(color="#1f77b4")),
+    ])
+    fig.update_layout(barmode="stack", height=300, margin=dict(t=70, l=60, r=20, b=50), legend=dict(orientation="h", y=-0.3),
+                      xaxis=dict(title="seconds"),
+                      title=(f"{prompt_len}-token prompt, {reply_len}-token reply: {est['total_s']:.2f} s, "
+                             f"prefill {est['prefill_share']:.0%} of it (ITL {est['itl_s'] * 1e3:.0f} ms)"))
+    return fig

@@ -1,0 +1,141 @@
+"""Chapters 03 and 04's tools: the memory calculator, timings, perplexity through a window, figures, widgets, exercises."""
+import pytest
+import torch
+
+import labkit
+from labkit import kveval, kvmemory, latency
+from labkit.viz.kvcache import (block_size_figure, cache_speedup_figure, kv_memory_figure, kv_quant_figure,
+                                sliding_slots_figure, window_perplexity_figure)
+from labkit.viz.prefill_decode import reply_time_figure, ttft_itl_figure
+from tests.kvcache_shared import ids, run_pieces, tiny
+
+TTFT = [{"prompt_len": 16, "ttft_s": 0.05}, {"prompt_len": 256, "ttft_s": 0.65}]
+ITL = [{"position": 16, "itl_s": 0.040}, {"position": 1024, "itl_s": 0.050}]
+
+
+def test_13b_mha_is_0_82_mb_per_token_and_gqa_divides_by_the_group():
+    rows = {r["model"]: r for r in kvmemory.memory_rows(["llama-2-13b", "llama-3-8b", "smollm2-135m"], context=4096)}
+    assert rows["llama-2-13b"]["bytes_per_token"] == 819_200 and round(rows["llama-2-13b"]["cache_bytes"] / 1e9, 2) == 3.36
+    assert rows["llama-3-8b"]["bytes_per_token"] == 131_072 and rows["llama-3-8b"]["gqa_saving"] == 4
+    assert rows["llama-3-8b"]["mha_bytes_per_token"] == 4 * 131_072
+    assert kvmemory.kv_bytes_per_token("smollm2-135m", bits=32) == tiny_cache_bytes("smollm2-135m")
+    assert kvmemory.kv_bytes_per_token("llama-2-7b", bits=8, group_size=32) == 32 * 32 * 128 * 2 * (1 + 4 / 32)
+
+
+def tiny_cache_bytes(name):
+    cache = labkit.kvcache.new_cache("contiguous", labkit.model.ModelConfig.from_name(name), max_len=1)
+    return cache.bytes_allocated()
+
+
+def test_paged_fragmentation_matches_the_paged_cache():
+    model = tiny()
+    for block_size in (1, 4, 7, 16):
+        cache = model.new_cache("paged", max_len=64, block_size=block_size)
+        run_pieces(model, ids(23), cache, [23])
+        assert cache.fragmentation() == pytest.approx(kvmemory.paged_fragmentation([23], block_size))
+    assert kvmemory.contiguous_fragmentation([10, 30], 40) == 0.5
+    with pytest.raises(ValueError, match="block_size must be a positive integer, got 0"):
+        kvmemory.paged_slots([3], 0)
+
+
+def test_generation_without_a_cache_gives_the_same_tokens_and_the_speedup_rows_add_up():
+    model = tiny()
+    prompt = ids(12)[0].tolist()
+    assert latency.generate_without_cache(model, prompt, 10) == latency.generate_with_cache(model, prompt, 10)
+    rows = latency.speedup_run(model, prompt, 6, repeat=2)
+    assert [r["new_tokens"] for r in rows] == list(range(1, 7))
+    assert all(r["speedup"] == pytest.approx(r["uncached_s"] / r["cached_s"]) for r in rows)
+    assert all(a["cached_s"] <= b["cached_s"] for a, b in zip(rows, rows[1:]))  # cumulative
+    ttft = latency.ttft_sweep(model, [4, 8], repeat=1)
+    itl = latency.itl_sweep(model, [4, 8], steps=2)
+    assert [r["prompt_len"] for r in ttft] == [4, 8] and all(r["ttft_s"] > 0 for r in ttft)
+    assert [r["position"] for r in itl] == [4, 8] and all(r["itl_s"] > 0 for r in itl)
+    with pytest.raises(ValueError, match="prompt_lens must be a non-empty list of positive integers"):
+        latency.ttft_sweep(model, [0])
+
+
+def test_reply_estimate_sums_the_steps_after_the_first_token():
+    est = latency.reply_estimate(TTFT, ITL, prompt_len=136, reply_len=5)
+    assert est["ttft_s"] == pytest.approx(0.35)
+    assert est["steps_s"] == pytest.approx([0.040 + 0.010 * (136 + i - 16) / 1008 for i in range(1, 5)])
+    assert est["prefill_share"] == pytest.approx(0.35 / (0.35 + sum(est["steps_s"])))
+    assert latency.reply_estimate(TTFT, ITL, 16, 1)["decode_s"] == 0
+    with pytest.raises(ValueError, match="reply_len must be a positive integer, got 0"):
+        latency.reply_estimate(TTFT, ITL, 16, 0)
+
+
+def test_window_covering_the_text_has_the_full_perplexity_and_a_tiny_window_does_not():
+    model = tiny()
+    text = ids(60, seed=3)[0].tolist()
+    full = kveval.perplexity(model, text)
+    covering = kveval.perplexity(model, text, model.new_cache("sliding", window=64, sinks=4), chunk=16)
+    assert covering == pytest.approx(full, rel=1e-5)
+    rows = kveval.window_perplexities(model, text, [8], sinks=(0, 2))
+    assert [(r["window"], r["sinks"]) for r in rows] == [(8, 0), (8, 2)]
+    assert all(abs(r["ppl"] - full) > 1e-3 for r in rows)
+
+
+def test_quantized_error_rows_order_memory_and_error():
+    model = tiny(d_model=96, n_heads=6, n_kv_heads=2)
+    rows = kveval.quantized_error_rows(model, ids(48)[0].tolist(), n_prompt=24, group_size=8, residual=8)
+    assert [r["bits"] for r in rows] == [32, 8, 4]
+    assert rows[0]["bytes_used"] > rows[1]["bytes_used"] > rows[2]["bytes_used"]
+    assert 0 < rows[1]["kl"] < rows[2]["kl"] and rows[1]["max_abs_err"] < rows[2]["max_abs_err"]
+    assert len(kv_quant_figure(rows).data[0].x) == 3
+
+
+def test_figures_say_what_they_show():
+    assert "4,096 tokens, 16-bit" in kv_memory_figure(["llama-2-13b"], 4096).layout.title.text
+    assert kv_memory_figure(["llama-2-13b"], 4096).data[0].y[0] == pytest.approx(3.3554432)
+    rows = [{"new_tokens": n, "speedup": s} for n, s in ((1, 1.0), (10, 3.0), (20, 7.0))]
+    assert "crosses 5x at about 15 new tokens" in cache_speedup_figure(rows).layout.title.text
+    fig = window_perplexity_figure([{"window": 8, "sinks": 0, "ppl": 90.0}, {"window": 8, "sinks": 4, "ppl": 30.0}], 20.0)
+    assert [t.name for t in fig.data] == ["no sinks (plain window)", "4 sink tokens"]
+    assert "15.6% of reserved slots empty" in block_size_figure([27], 32, 64).layout.title.text
+    kept = sliding_slots_figure(30, 10, 2).data[0].x
+    assert list(kept) == [0, 1] + list(range(22, 30))
+    assert len(ttft_itl_figure(TTFT, ITL).data) == 2
+    assert "prefill 100% of it" in reply_time_figure(TTFT, ITL, 16, 1).layout.title.text
+    with pytest.raises(ValueError, match="window must be larger than sinks"):
+        sliding_slots_figure(30, 4, 4)
+
+
+def test_sliding_slots_figure_agrees_with_the_cache():
+    model = tiny()
+    cache = model.new_cache("sliding", window=10, sinks=3)
+    run_pieces(model, ids(25), cache, [10] + [1] * 15)
+    assert list(sliding_slots_figure(25, 10, 3).data[0].x) == cache.kept_positions().tolist()
+
+
+def test_widgets_redraw_in_place_when_a_slider_moves():
+    memory = labkit.widgets.kv_memory_calculator(["llama-2-7b"])
+    bits = memory.children[0].children[1]
+    bits.value = 4
+    assert "4-bit" in memory.children[1].layout.title.text
+    blocks = labkit.widgets.block_size_explorer([5, 17, 30], max_len=64)
+    blocks.children[0].children[0].value = 64
+    assert blocks.children[1].layout.title.text.startswith("Block size 64")
+    reply = labkit.widgets.reply_time_explorer(TTFT, ITL)
+    reply.children[0].children[0].value = 1024
+    assert reply.children[1].layout.title.text.startswith("1024-token prompt")
+    model = tiny()
+    rows = []
+    window = labkit.widgets.window_explorer(model, ids(40)[0].tolist(), rows, full_ppl=50.0, window=16)
+    window.children[0].children[0].value = 32
+    assert sorted((r["window"], r["sinks"]) for r in rows) == [(16, 0), (16, 4), (32, 0), (32, 4)]
+
+
+@pytest.mark.parametrize("name,solution,wrong", [
+    ("kv_bytes_per_token", lambda L, H, D, b: 2 * L * H * D * b, lambda L, H, D, b: L * H * D * b),
+    ("slot_mapping", lambda t, bs, p: t[p // bs] * bs + p % bs, lambda t, bs, p: t[p // bs] + p % bs),
+    ("streaming_keep", None, lambda n, k, w, s: list(range(n))[-(w - k):]),
+    ("asym_quantize", None, lambda x, b: x.round()),
+])
+def test_exercises_pass_the_solution_and_fail_a_wrong_answer(name, solution, wrong, capsys):
+    from labkit.exercises import kvcache as ex
+
+    check = getattr(ex, f"check_{name}")
+    reference = {"streaming_keep": ex._keep, "asym_quantize": ex._asym}.get(name, solution)
+    assert check(reference)
+    assert not check(wrong)
+    assert "[FAIL]" in capsys.readouterr().out
