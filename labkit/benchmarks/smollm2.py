@@ -1,0 +1,173 @@
+"""SmolLM2-135M decode speed at batch 1: labkit next to Hugging Face transformers, same weights and dtype.
+
+Both models are loaded from the same GGUF file. Each measurement decodes `n_tokens`
+greedy tokens after a prefilled prompt (forward one token with the KV cache, argmax),
+labkit and transformers runs interleaved, median over rounds. Decode at batch 1 reads
+every weight once per token, so the figures that explain the speed are printed too:
+bytes read per token, the GB/s that implies, and this machine's streaming-read
+bandwidth as the roofline (as gpt-fast prints "Bandwidth achieved").
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import statistics
+import time
+
+TITLE = "SmolLM2-135M decode tokens/s: labkit vs transformers (float32, bfloat16), GB/s vs roofline"
+
+PROMPT = "What is the capital of France? Answer in one sentence."
+
+
+def native_bf16() -> tuple[bool, str]:
+    """(has native bfloat16 matmul, why): AVX512-BF16 or AMX on x86, or what oneDNN reports."""
+    import torch
+
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    found = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    if found:
+        return True, "CPU flags " + ", ".join(found)
+    try:
+        if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return True, "oneDNN reports bfloat16 support"
+    except (AttributeError, RuntimeError):
+        pass
+    return False, "this CPU has no native bfloat16 matmul (no AVX512-BF16 or AMX flag): bfloat16 is emulated"
+
+
+@contextlib.contextmanager
+def _memoised_gguf():
+    """transformers parses the GGUF header twice and rebuilds a name table per module; memoise both
+    (pure functions of the file) so loading the reference takes seconds, not a minute."""
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def reader(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = real_reader(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
+
+
+def load_transformers(dtype):
+    """The transformers Llama read from the same GGUF file, or None when transformers is missing."""
+    import torch
+
+    try:
+        import accelerate  # noqa: F401  (transformers needs it to read GGUF)
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    from labkit import paths
+
+    path = paths.smollm2_gguf_path()
+    with _memoised_gguf():
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.to(dtype).eval()
+
+
+def labkit_decode(model, prompt_ids: list[int], n_tokens: int) -> float:
+    """Seconds for `n_tokens` greedy decode steps with labkit's contiguous cache (prefill not timed)."""
+    import torch
+
+    with torch.inference_mode():
+        cache = model.new_cache(max_len=len(prompt_ids) + n_tokens)
+        logits = model(torch.tensor([prompt_ids]), cache=cache, last_only=True)
+        token = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+        start = time.perf_counter()
+        for _ in range(n_tokens):
+            token = model(token, cache=cache)[:, -1].argmax(-1, keepdim=True)
+        return time.perf_counter() - start
+
+
+def transformers_decode(model, prompt_ids: list[int], n_tokens: int) -> float:
+    """The same loop on transformers: forward one token with its default KV cache, argmax."""
+    import inspect
+
+    import torch
+
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # renamed in 5.x
+    with torch.inference_mode():
+        out = model(torch.tensor([prompt_ids]), use_cache=True)
+        past, token = getattr(out, key), out.logits[:, -1].argmax(-1, keepdim=True)
+        start = time.perf_counter()
+        for _ in range(n_tokens):
+            out = model(token, use_cache=True, **{key: past})
+            past, token = getattr(out, key), out.logits[:, -1].argmax(-1, keepdim=True)
+        return time.perf_counter() - start
+
+
+def bytes_per_token(config, dtype_bytes: int, context: int) -> dict:
+    """What one decode step reads: every matmul weight (LM head included) and the KV cache so far."""
+    weights = (config.matmul_params() + (2 * config.n_layers + 1) * config.d_model) * dtype_bytes
+    kv = int(config.kv_bytes_per_token(dtype_bytes) * context)
+    return {"weights": weights, "kv": kv, "total": weights + kv}
+
+
+def _measure(models: dict, prompt_ids, n_tokens: int, rounds: int) -> dict[str, float]:
+    runners = {"labkit": labkit_decode, "transformers": transformers_decode}
+    for name, m in models.items():  # warm-up: first-call allocations, thread pools
+        runners[name](m, prompt_ids, 4)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):  # interleaved, so machine noise hits both alike
+        for name, m in models.items():
+            times[name].append(runners[name](m, prompt_ids, n_tokens))
+    return {name: n_tokens / statistics.median(ts) for name, ts in times.items()}
+
+
+def run(quick: bool = False) -> dict:
+    import torch
+
+    import labkit
+    from labkit import hwmeasure
+
+    n_tokens, rounds = (32, 3) if quick else (64, 7)
+    roofline = hwmeasure.read_bandwidth_gb_s(seconds=0.5 if quick else 1.0)
+    print(f"  torch {torch.__version__}, {torch.get_num_threads()} threads; streaming-read roofline {roofline:.1f} GB/s")
+    model, tok = labkit.load("smollm2-135m")
+    prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
+    reference = load_transformers(torch.float32)
+    if reference is None:
+        print("  transformers (+ accelerate) is not installed: measuring labkit only")
+    has_bf16, why = native_bf16()
+    report = {"roofline_gb_s": roofline, "threads": torch.get_num_threads(), "n_tokens": n_tokens,
+              "rounds": rounds, "prompt_tokens": len(prompt_ids), "native_bf16": has_bf16, "dtypes": {}}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        if dtype == torch.bfloat16 and not has_bf16:
+            print(f"  bfloat16: skipped - {why}")
+            report["dtypes"][name] = {"skipped": why}
+            continue
+        models = {"labkit": model.to(dtype)}
+        if reference is not None:
+            models["transformers"] = reference.to(dtype)
+        rates = _measure(models, prompt_ids, n_tokens, rounds)
+        read = bytes_per_token(model.config, torch.finfo(dtype).bits // 8, len(prompt_ids) + n_tokens // 2)
+        gb_s = read["total"] * rates["labkit"] / 1e9
+        row = {"tok_s": rates, "bytes_per_token": read, "gb_s": gb_s, "roofline_fraction": gb_s / roofline}
+        line = f"  {name:9s} labkit {rates['labkit']:6.1f} tok/s"
+        if "transformers" in rates:
+            row["speedup"] = rates["labkit"] / rates["transformers"]
+            line += f" | transformers {rates['transformers']:6.1f} tok/s | {row['speedup']:.2f}x"
+        print(line)
+        print(f"            {read['total'] / 1e6:.0f} MB read per token ({read['weights'] / 1e6:.0f} MB weights, "
+              f"{read['kv'] / 1e6:.1f} MB KV) -> {gb_s:.1f} GB/s = {100 * gb_s / roofline:.0f} % of the {roofline:.1f} GB/s roofline")
+        report["dtypes"][name] = row
+    model.to(torch.float32)
+    return report
