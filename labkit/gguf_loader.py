@@ -179,7 +179,7 @@ def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: s
     with torch.device("meta"):
         model = Transformer(config)
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
-    model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False).column_major_()
     model.source_file = str(reader.data.filename)
     model.tensor_types = {t.name: t.tensor_type.name for t in reader.tensors}
     return model

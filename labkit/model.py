@@ -150,6 +150,19 @@ class Transformer(nn.Module):
             self._rope = Rotary(cfg.head_dim, cfg.rope_base, cfg.max_seq_len, cfg.rope_layout, device=self.device)
         return self._rope
 
+    def column_major_(self) -> "Transformer":
+        """Store every matmul weight column-major ([out, in] whose transpose is contiguous), in place.
+
+        The values do not change. `x @ W.T` then reads W in memory order, which makes batch-1
+        decode (one matrix-vector product per weight) markedly faster with MKL on CPU.
+        """
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.t().is_contiguous():
+                    w = module.weight
+                    module.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=w.requires_grad)
+        return self
+
     def output_weight(self) -> torch.Tensor:
         """The LM head matrix [vocab_size, d_model] (the embedding when tied)."""
         return self.tok_embeddings.weight if self.lm_head is None else self.lm_head.weight

@@ -113,10 +113,9 @@ def test_loading_with_the_other_rope_layout():
         del half
         wrong = load_gguf(paths.smollm2_gguf_path(), rope_layout="half", permute_qk=False)
         bad = wrong(x)
-        answer = labkit.decode(wrong, labkit.prefill(wrong, x), 8)
     assert (bad - good).abs().max() > 1.0 and (bad - good).abs().mean() > 0.1  # not noise: a different model
     assert tok.decode([int(good[0, -1].argmax())]) == "The"
-    assert not tok.decode(answer).startswith("The capital of France is Paris")
+    assert (bad.argmax(-1) != good.argmax(-1)).any()  # it predicts other tokens
 
 
 def test_missing_package_names_the_install_command(monkeypatch):
