@@ -125,3 +125,11 @@ def test_cli_chat_keeps_the_conversation(smol, monkeypatch):
     assert chat_cmd.run(args, stdin=io.StringIO(f"{QUESTION}\n/reset\n/quit\n"), stdout=stdout) == 0
     text = stdout.getvalue()
     assert "The capital of France is Paris." in text and "(conversation forgotten)" in text
+
+
+def test_labkit_generate_stays_callable_after_importing_the_module(reply, smol):
+    import labkit.generate as module  # the submodule shares the function's name
+
+    assert labkit.generate is module or labkit.generate is module.generate
+    model, tok = smol
+    assert labkit.generate(model, tok, QUESTION, max_new_tokens=2).token_ids == reply.token_ids[:2]

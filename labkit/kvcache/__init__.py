@@ -8,7 +8,7 @@ edit here or in `labkit/model.py`.
     >>> from labkit.config import ModelConfig
     >>> cache = new_cache("contiguous", ModelConfig.from_name("smollm2-135m"), max_len=16)
     >>> cache.seq_len, cache.bytes_allocated()
-    (0, 368640)
+    (0, 737280)
 """
 from __future__ import annotations
 

@@ -1,0 +1,77 @@
+"""Chapter 02's figures, widgets and exercise checkers, and the docstring examples of the model modules."""
+import doctest
+import importlib
+
+import pytest
+import torch
+
+import labkit
+from labkit.exercises.transformer import _reference_gqa, _reference_rms_norm, _reference_rope
+from labkit.model import ModelConfig
+from labkit.viz.transformer import attention_heatmap, rope_figure, rope_scores
+
+
+@pytest.mark.parametrize("module", ["labkit.config", "labkit.rope", "labkit.ggml_quants", "labkit.model",
+                                    "labkit.kvcache", "labkit.kvcache.base", "labkit.kvcache.contiguous",
+                                    "labkit.viz.transformer"])
+def test_docstring_examples(module):
+    mod = importlib.import_module(module)
+    result = doctest.testmod(mod, extraglobs={"torch": torch, "np": __import__("numpy")}, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
+
+
+def test_rope_scores_depend_only_on_the_offset():
+    offsets = [-5, 0, 3, 40]
+    torch.testing.assert_close(torch.tensor(rope_scores(0, offsets)), torch.tensor(rope_scores(1234, offsets)),
+                               atol=1e-9, rtol=0)
+    assert len(set(round(s, 6) for s in rope_scores(0, offsets))) == 4
+
+
+def test_rope_figure_follows_the_sliders():
+    fig = rope_figure(position=7, freq_index=0, head_dim=64, base=100000.0)
+    trail = fig.data[1]
+    assert len(trail.x) == 8  # positions 0..7
+    assert trail.x[-1] == pytest.approx(torch.cos(torch.tensor(7.0)).item())  # pair 0 turns 1 rad per position
+    slow = rope_figure(position=7, freq_index=31).data[1]
+    assert slow.x[-1] > 0.999  # the last pair barely moves
+    near, far = fig.data[4].y, fig.data[5].y
+    assert near == pytest.approx(far, abs=1e-9)
+    with pytest.raises(ValueError, match=r"freq_index must be an integer in \[0, 31\], got 32"):
+        rope_figure(1, 32)
+
+
+def test_attention_heatmap_and_widgets():
+    probs = torch.softmax(torch.randn(3, 4, 4), -1)
+    fig = attention_heatmap(probs, ["a", "b", "a", "c"], head=2)
+    assert fig.data[0].y == ("0:a", "1:b", "2:a", "3:c")
+    torch.testing.assert_close(torch.tensor(fig.data[0].z), probs[2])
+    with pytest.raises(ValueError, match="got 3 token labels for 4 positions"):
+        attention_heatmap(probs, ["a", "b", "c"])
+    w = labkit.widgets.attention(probs, list("abcd"))
+    w.children[0].value = 1
+    torch.testing.assert_close(torch.tensor(w.children[1].data[0].z), probs[1])
+    r = labkit.widgets.rope()
+    r.children[0].children[0].value = 3
+    assert len(r.children[1].data[1].x) == 4
+    assert labkit.viz.param_breakdown_figure(ModelConfig.from_name("smollm2-135m")).layout.title.text.startswith(
+        "smollm2-135m: 134.5 M")
+
+
+def test_checkers_pass_the_reference_and_catch_the_classic_mistakes(capsys):
+    assert labkit.exercises.check_rms_norm(_reference_rms_norm)
+    assert not labkit.exercises.check_rms_norm(lambda x, w, eps: (x - x.mean(-1, keepdim=True)) /
+                                               torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps) * w)  # LayerNorm
+    assert labkit.exercises.check_rope(_reference_rope)
+    half = lambda x, p, b: _reference_rope(x.view(*x.shape[:-1], 2, -1).transpose(-1, -2).flatten(-2), p, b)  # noqa: E731
+    assert not labkit.exercises.check_rope(half)
+    assert labkit.exercises.check_gqa_attention(_reference_gqa)
+
+    def wrong_group(q, k, v):  # head h reads KV head h % n_kv
+        g = q.shape[0] // k.shape[0]
+        return _reference_gqa(q, k.repeat(g, 1, 1), v.repeat(g, 1, 1))
+
+    assert not labkit.exercises.check_gqa_attention(wrong_group)
+    assert labkit.exercises.check_param_count(lambda c: c.n_params())
+    assert not labkit.exercises.check_param_count(lambda c: c.n_params() + (c.vocab_size * c.d_model if c.tie_embeddings else 0))
+    out = capsys.readouterr().out
+    assert out.count("[PASS]") == 4 and out.count("[FAIL]") == 4
