@@ -52,10 +52,10 @@ def window_perplexity_figure(rows, full_ppl: float | None = None, window: int | 
     fig = go.Figure()
     for s in sorted({r["sinks"] for r in rows}):
         pts = sorted((r["window"], r["ppl"]) for r in rows if r["sinks"] == s)
-        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[round(p[1], 2) for p in pts], mode="lines+markers",
                                  name=f"{s} sink tokens" if s else "no sinks (plain window)"))
     if full_ppl is not None:
-        fig.add_hline(y=full_ppl, line=dict(color="black", dash="dot"), annotation_text=f"full cache {full_ppl:.1f}")
+        fig.add_hline(y=round(full_ppl, 2), line=dict(color="black", dash="dot"), annotation_text=f"full cache {full_ppl:.1f}")
     if window is not None:
         fig.add_vline(x=window, line=dict(color="gray"))
     fig.update_layout(title="Perplexity on long text through a sliding window", xaxis=dict(title="window (tokens)", type="log"),
@@ -88,7 +88,8 @@ def block_size_figure(lengths, block_size: int, max_len: int) -> go.Figure:
 def kv_quant_figure(rows) -> go.Figure:
     """Memory vs logit error of the quantized caches (rows of `labkit.kveval.quantized_error_rows`)."""
     labels = [f"{r['bits']}-bit" + (" (float)" if r["max_abs_err"] == 0 else "") for r in rows]
-    fig = go.Figure(go.Scatter(x=[r["bytes_used"] / r["float_bytes"] for r in rows], y=[max(r["kl"], 1e-7) for r in rows],
+    fig = go.Figure(go.Scatter(x=[round(r["bytes_used"] / r["float_bytes"], 4) for r in rows],
+                               y=[float(f"{max(r['kl'], 1e-7):.2g}") for r in rows],
                                mode="markers+text", text=labels, textposition="top center", marker=dict(size=12),
                                name="cache"))
     fig.update_layout(title="Quantized KV cache: memory against the float cache vs error of the next-token distribution",
