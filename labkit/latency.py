@@ -20,7 +20,7 @@ import time
 import torch
 
 __all__ = ["filler_ids", "ttft_sweep", "itl_sweep", "generate_without_cache", "generate_with_cache",
-           "speedup_run", "crossing", "interpolate", "reply_estimate"]
+           "speedup_run", "predict_speedup", "crossing", "interpolate", "reply_estimate"]
 
 
 def filler_ids(n: int, vocab_size: int, seed: int = 0) -> list[int]:
@@ -132,6 +132,34 @@ def speedup_run(model, ids, n: int, repeat: int = 1) -> list[dict]:
         uncached = statistics.median(r[i] for r in without_runs)
         rows.append({"new_tokens": i + 1, "cached_s": cached, "uncached_s": uncached, "speedup": uncached / cached})
     return rows
+
+
+def _line(xs, ys) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys against xs."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return my - slope * mx, slope
+
+
+def predict_speedup(rows: list[dict], prompt_len: int, lengths) -> list[tuple[int, float]]:
+    """Extend a measured `speedup_run` to longer replies: each step's cost, with and without
+    the cache, is fitted as a line in the sequence length and summed; the first token
+    (the prefill) keeps its measured time. Returns [(new_tokens, predicted speed-up)].
+    """
+    if len(rows) < 3:
+        raise ValueError(f"need at least 3 measured lengths to fit step costs, got {len(rows)}")
+    seq = [prompt_len + i for i in range(1, len(rows))]
+    uncached = _line(seq, [b["uncached_s"] - a["uncached_s"] for a, b in zip(rows, rows[1:])])
+    cached = _line(seq, [b["cached_s"] - a["cached_s"] for a, b in zip(rows, rows[1:])])
+    out = []
+    for n in lengths:
+        steps = [prompt_len + i for i in range(1, n)]
+        t_without = rows[0]["uncached_s"] + sum(max(0.0, uncached[0] + uncached[1] * t) for t in steps)
+        t_with = rows[0]["cached_s"] + sum(max(0.0, cached[0] + cached[1] * t) for t in steps)
+        out.append((n, t_without / t_with))
+    return out
 
 
 def crossing(rows: list[dict], x: str, y: str, level: float) -> float | None:

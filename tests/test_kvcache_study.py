@@ -54,6 +54,20 @@ def test_generation_without_a_cache_gives_the_same_tokens_and_the_speedup_rows_a
         latency.ttft_sweep(model, [0])
 
 
+def test_predicted_speedup_reproduces_a_run_with_linear_step_costs_and_extends_it():
+    P, rows, without, with_ = 30, [], 0.0, 0.0
+    for i in range(12):  # uncached step: a pass over P + i tokens at 4 ms each; cached step: 40 ms
+        without += 0.004 * (P + i)
+        with_ += 0.004 * P if i == 0 else 0.040
+        rows.append({"new_tokens": i + 1, "uncached_s": without, "cached_s": with_, "speedup": without / with_})
+    predicted = dict(latency.predict_speedup(rows, P, [12, 200]))
+    assert predicted[12] == pytest.approx(rows[-1]["speedup"])
+    expected = sum(0.004 * (P + i) for i in range(200)) / (0.004 * P + 0.040 * 199)
+    assert predicted[200] == pytest.approx(expected)
+    assert latency.crossing([{"n": n, "s": s} for n, s in latency.predict_speedup(rows, P, range(1, 200))], "n", "s", 5.0) > 12
+    assert "kvcache" in __import__("labkit.commands.bench", fromlist=["available"]).available()
+
+
 def test_reply_estimate_sums_the_steps_after_the_first_token():
     est = latency.reply_estimate(TTFT, ITL, prompt_len=136, reply_len=5)
     assert est["ttft_s"] == pytest.approx(0.35)
@@ -130,11 +144,12 @@ def test_widgets_redraw_in_place_when_a_slider_moves():
     ("slot_mapping", lambda t, bs, p: t[p // bs] * bs + p % bs, lambda t, bs, p: t[p // bs] + p % bs),
     ("streaming_keep", None, lambda n, k, w, s: list(range(n))[-(w - k):]),
     ("asym_quantize", None, lambda x, b: x.round()),
+    ("ttft_and_itl", lambda r, t: (t[0] - r, [b - a for a, b in zip(t, t[1:])]), lambda r, t: (t[0] - r, list(t))),
 ])
 def test_exercises_pass_the_solution_and_fail_a_wrong_answer(name, solution, wrong, capsys):
     from labkit.exercises import kvcache as ex
 
-    check = getattr(ex, f"check_{name}")
+    check = getattr(labkit.exercises, f"check_{name}")
     reference = {"streaming_keep": ex._keep, "asym_quantize": ex._asym}.get(name, solution)
     assert check(reference)
     assert not check(wrong)
