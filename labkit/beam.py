@@ -25,6 +25,7 @@ labkit runs fewer beams instead of filling the rest with -1e9 placeholders.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -49,8 +50,17 @@ class BeamSearchOutput:
         return [s[self.prompt_len:] for s in self.sequences]
 
 
-def _last_logits(model, batch: torch.Tensor) -> torch.Tensor:
-    out = model(batch)
+def _takes_last_only(model) -> bool:
+    try:
+        return "last_only" in inspect.signature(getattr(model, "forward", model)).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _last_logits(model, batch: torch.Tensor, last_only: bool) -> torch.Tensor:
+    # without a cache every step re-reads the whole sequence; a labkit model can at least skip
+    # the output projection of all but the last position
+    out = model(batch, last_only=True) if last_only else model(batch)
     logits = getattr(out, "logits", out)  # a labkit model returns a tensor, an HF model an output object
     return logits[:, -1, :]
 
@@ -82,13 +92,14 @@ def beam_search(
     eos = _id_set(eos_token_id)
     prompt_len = prompt.numel()
     n_candidates = max(2, 1 + len(eos)) * num_beams
+    last_only = _takes_last_only(model)
 
     running: list[tuple[list[int], torch.Tensor]] = [(prompt.tolist(), torch.zeros(()))]  # (sequence, sum logp)
     finished: list[tuple[float, float, list[int]]] = []  # (score, sum logp, sequence), best first
     step = 0
     while step < max_new_tokens and running:
         batch = torch.tensor([seq for seq, _ in running], dtype=torch.long)  # [R, cur_len]
-        logits = _last_logits(model, batch)  # [R, V]
+        logits = _last_logits(model, batch, last_only)  # [R, V]
         logp = torch.log_softmax(logits, dim=-1)
         V = logp.shape[-1]
         sums = torch.stack([s for _, s in running]).to(logp.dtype)

@@ -11,7 +11,9 @@ chained in one of two documented orders:
   last, so the truncation thresholds are computed on the T = 1 distribution.
 
 Hugging Face has no frequency/presence penalty; labkit applies them right after the
-repetition penalty, as llama.cpp does. ``temperature=0`` means greedy: the penalties are
+repetition penalty, as llama.cpp does. All penalties count the tokens of the `history` they
+are given: `labkit.generate` passes prompt + output (HF's rule for the repetition penalty;
+OpenAI and vLLM count only the output for frequency/presence, llama.cpp the last 64 tokens). ``temperature=0`` means greedy: the penalties are
 applied, the truncation filters are skipped (as in HF's ``do_sample=False``) and only the
 argmax survives, ties going to the lowest token id.
 

@@ -157,3 +157,19 @@ def test_parity_with_transformers_beam_search():
                 seq = seq[: 4 + seq[4:].index(5) + 1]  # drop the padding after EOS
             assert ours.sequences[i] == seq, (lp, early, i)
             assert ours.scores[i] == pytest.approx(float(ref.sequences_scores[i]), abs=1e-4)
+
+
+def test_a_model_that_can_skip_positions_is_asked_for_the_last_one_only():
+    class LastOnly(TableModel):
+        def forward(self, ids, last_only=False):
+            self.last_only_calls = getattr(self, "last_only_calls", 0) + bool(last_only)
+            out = TableModel.__call__(self, ids)
+            return out[:, -1:] if last_only else out
+
+        __call__ = forward
+
+    plain, skipping = TableModel(4, 8, 3), LastOnly(4, 8, 3)
+    a = beam_search(plain, [1], num_beams=3, max_new_tokens=5, eos_token_id=0)
+    b = beam_search(skipping, [1], num_beams=3, max_new_tokens=5, eos_token_id=0)
+    assert a.sequences == b.sequences and a.scores == b.scores
+    assert skipping.last_only_calls == b.steps
