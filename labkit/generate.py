@@ -231,7 +231,7 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params):
             break
         d0 = time.perf_counter()
         text += decoder.push(token)
-        cut = stops.find(text, max(0, shown - 64)) if stops else None
+        cut = stops.find(text) if stops else None
         if cut is not None:
             text, reason = text[:cut], "stop"
         safe = stops.safe_len(text) if stops else len(text.rstrip("\ufffd"))

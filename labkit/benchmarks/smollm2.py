@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import statistics
 import time
 
@@ -140,13 +141,17 @@ def run(quick: bool = False) -> dict:
     n_tokens, rounds = (32, 3) if quick else (64, 7)
     roofline = hwmeasure.read_bandwidth_gb_s(seconds=0.5 if quick else 1.0)
     print(f"  torch {torch.__version__}, {torch.get_num_threads()} threads; streaming-read roofline {roofline:.1f} GB/s")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 0.5 * (os.cpu_count() or 1):
+        print(f"  note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs); "
+              "both implementations suffer alike, but absolute figures are low and noisy")
     model, tok = labkit.load("smollm2-135m")
     prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
     reference = load_transformers(torch.float32)
     if reference is None:
         print("  transformers (+ accelerate) is not installed: measuring labkit only")
     has_bf16, why = native_bf16()
-    report = {"roofline_gb_s": roofline, "threads": torch.get_num_threads(), "n_tokens": n_tokens,
+    report = {"roofline_gb_s": roofline, "threads": torch.get_num_threads(), "load_average": load, "n_tokens": n_tokens,
               "rounds": rounds, "prompt_tokens": len(prompt_ids), "native_bf16": has_bf16, "dtypes": {}}
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")

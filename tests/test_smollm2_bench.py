@@ -1,0 +1,18 @@
+"""The pure parts of the SmolLM2 decode benchmark (the timings themselves are not asserted)."""
+from labkit.benchmarks import smollm2 as bench
+from labkit.model import ModelConfig
+
+
+def test_bytes_per_token_counts_weights_and_kv_cache():
+    cfg = ModelConfig.from_name("smollm2-135m")
+    read = bench.bytes_per_token(cfg, dtype_bytes=4, context=100)
+    assert read["weights"] == (134_479_872 + 61 * 576) * 4  # every matmul weight (LM head included) and the norms
+    assert read["kv"] == 100 * 2 * 30 * 3 * 64 * 4
+    assert read["total"] == read["weights"] + read["kv"]
+    assert bench.bytes_per_token(cfg, 2, 0)["total"] * 2 == bench.bytes_per_token(cfg, 4, 0)["total"]
+
+
+def test_native_bf16_says_why():
+    has, why = bench.native_bf16()
+    assert isinstance(has, bool) and why
+    assert ("no native bfloat16" in why) != has
