@@ -55,24 +55,38 @@ def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
 
 
 @torch.inference_mode()
-def itl_sweep(model, positions, steps: int = 5, cache: str = "contiguous") -> list[dict]:
-    """Median decode-step time (the ITL) at each position: prefill `position` tokens, time `steps` steps."""
+def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts) -> list[dict]:
+    """Median decode-step time (the ITL) at each position.
+
+    Prefills `position` random tokens for every position first, then times `steps` steps
+    round-robin across them, so every position sees the same machine. `cache` is a kind
+    name (with `cache_opts`), or a list of kinds to compare at one position each
+    (rows then carry a "cache" key too).
+    """
     from labkit.generate import prefill
 
     positions = _check_lengths("positions", positions)
-    out = []
-    for p in positions:
-        state = prefill(model, filler_ids(p, model.config.vocab_size), cache=cache, max_len=p + steps + 1)
-        token = torch.tensor([[int(state.logits.argmax())]])
-        model(token, cache=state.cache)  # warm-up step
-        times = []
-        for _ in range(steps):
+    kinds = cache if isinstance(cache, (list, tuple)) else [cache]
+    runs = []  # (position, kind, cache, next token)
+    for kind in kinds:
+        for p in positions:
+            kv = model.new_cache(kind, max_len=p + steps + 2, **cache_opts)
+            state = prefill(model, filler_ids(p, model.config.vocab_size), cache=kv)
+            token = torch.tensor([[int(state.logits.argmax())]])
+            model(token, cache=state.cache)  # warm-up step
+            runs.append([p, kind, state.cache, token])
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(steps):
+        for run, t in zip(runs, times):
             start = time.perf_counter()
-            logits = model(token, cache=state.cache, last_only=True)
-            token = logits[:, -1].argmax(-1, keepdim=True)
-            times.append(time.perf_counter() - start)
-        out.append({"position": p, "itl_s": statistics.median(times)})
-    return out
+            logits = model(run[3], cache=run[2], last_only=True)
+            run[3] = logits[:, -1].argmax(-1, keepdim=True)
+            t.append(time.perf_counter() - start)
+    rows = [{"position": p, "itl_s": statistics.median(t)} for (p, *_), t in zip(runs, times)]
+    if isinstance(cache, (list, tuple)):
+        for row, run in zip(rows, runs):
+            row["cache"] = run[1]
+    return rows
 
 
 @torch.inference_mode()
@@ -143,15 +157,19 @@ def _line(xs, ys) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def predict_speedup(rows: list[dict], prompt_len: int, lengths) -> list[tuple[int, float]]:
+def predict_speedup(rows: list[dict], prompt_len: int, lengths, pass_rows=None) -> list[tuple[int, float]]:
     """Extend a measured `speedup_run` to longer replies: each step's cost, with and without
-    the cache, is fitted as a line in the sequence length and summed; the first token
-    (the prefill) keeps its measured time. Returns [(new_tokens, predicted speed-up)].
+    the cache, is fitted as a line in the sequence length and summed; the first token (the
+    prefill) keeps its measured time. `pass_rows` (rows of `ttft_sweep`: one uncached pass
+    over `prompt_len` tokens) anchor the uncached fit at long lengths, where a short run's
+    noise would otherwise decide the slope. Returns [(new_tokens, predicted speed-up)].
     """
     if len(rows) < 3:
         raise ValueError(f"need at least 3 measured lengths to fit step costs, got {len(rows)}")
     seq = [prompt_len + i for i in range(1, len(rows))]
-    uncached = _line(seq, [b["uncached_s"] - a["uncached_s"] for a, b in zip(rows, rows[1:])])
+    steps = [b["uncached_s"] - a["uncached_s"] for a, b in zip(rows, rows[1:])]
+    extra = [(r["prompt_len"], r["ttft_s"]) for r in (pass_rows or [])]
+    uncached = _line(seq + [x for x, _ in extra], steps + [y for _, y in extra])
     cached = _line(seq, [b["cached_s"] - a["cached_s"] for a, b in zip(rows, rows[1:])])
     out = []
     for n in lengths:

@@ -109,3 +109,27 @@ def test_unknown_kind_lists_the_kinds():
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("kind,opts", [("contiguous", {}), ("paged", {"block_size": 4}), ("sliding", {"window": 40}),
+                                       ("quantized", {"group_size": 8, "residual": 8})])
+@torch.inference_mode()
+def test_a_pass_that_fails_midway_leaves_the_cache_as_it_was(kind, opts):
+    model = tiny()
+    x = ids(30)
+    reference = run_pieces(model, x, model.new_cache(kind, max_len=40, **opts), [13, 17])
+    cache = model.new_cache(kind, max_len=40, **opts)
+    run_pieces(model, x[:, :13], cache, [13])
+    update = cache.update
+
+    def failing(layer, k, v, rope):
+        if layer == 1:
+            raise RuntimeError("the second layer failed")
+        return update(layer, k, v, rope)
+
+    cache.update = failing
+    with pytest.raises(RuntimeError, match="second layer"):
+        model(x[:, 13:], cache=cache)
+    del cache.update
+    assert cache.seq_len == 13
+    assert torch.equal(model(x[:, 13:], cache=cache), reference[:, 13:])

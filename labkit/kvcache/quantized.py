@@ -60,6 +60,7 @@ class QuantizedCache(KVCache):
         self._n = dict(qk=0, kt=0, qv=0, vt=0)
         self._next = None
         self._mask = None
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (keys, values) of this pass
 
     @property
     def seq_len(self) -> int:
@@ -93,10 +94,14 @@ class QuantizedCache(KVCache):
     def update(self, layer, k, v, rope):
         if layer == 0:
             self.check_kv(layer, k, v)
-        n, nxt, G, b = self._n, self._next, self.group_size, self.bits
         k = rope(k, torch.arange(self.seq_len, self.seq_len + self._n_new, device=self.device))  # KIVI: keys post-RoPE
         old_k, old_v = self._cached(layer)
-        # store: keys, whole chunks of the tail (old tail + new) as codes, the rest as the new tail
+        self._pending[layer] = (k, v)  # stored at end(), so a failed pass leaves the cache as it was
+        return torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2), self._mask
+
+    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        n, nxt, G, b = self._n, self._next, self.group_size, self.bits
+        # keys: whole chunks of the tail (old tail + new) as codes, the rest as the new tail
         tail = torch.cat([self.k_tail[layer, :, :, :n["kt"]], k], dim=2)  # [B, H, kt + n_new, D]
         nq = nxt["qk"] - n["qk"]
         if nq:
@@ -114,16 +119,18 @@ class QuantizedCache(KVCache):
             self.v_scale[layer, :, :, n["qv"]:nxt["qv"]] = scale
             self.v_min[layer, :, :, n["qv"]:nxt["qv"]] = lo
         self.v_tail[layer, :, :, :nxt["vt"]] = tail[:, :, nq:]
-        return torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2), self._mask
 
     def end(self) -> None:
         if self._n_new is None:
             raise RuntimeError("end() called without begin()")
+        for layer, (k, v) in self._pending.items():
+            self._store(layer, k, v)
         self._n, self._next = self._next, None
-        self._n_new = self._mask = None
+        self.abort()
 
     def abort(self) -> None:
         self._next = self._n_new = self._mask = None
+        self._pending = {}
 
     def reset(self) -> None:
         self._n = dict(qk=0, kt=0, qv=0, vt=0)
