@@ -50,8 +50,8 @@ def test_generation_without_a_cache_gives_the_same_tokens_and_the_speedup_rows_a
     itl = latency.itl_sweep(model, [4, 8], steps=2)
     assert [r["prompt_len"] for r in ttft] == [4, 8] and all(r["ttft_s"] > 0 for r in ttft)
     assert [r["position"] for r in itl] == [4, 8] and all(r["itl_s"] > 0 for r in itl)
-    by_kind = latency.itl_sweep(model, [6], steps=2, cache=["paged", "quantized"])
-    assert [r["cache"] for r in by_kind] == ["paged", "quantized"]
+    by_kind = latency.itl_sweep(model, [6], steps=2, cache=["paged", "sliding"])
+    assert [r["cache"] for r in by_kind] == ["paged", "sliding"]
     with pytest.raises(ValueError, match="prompt_lens must be a non-empty list of positive integers"):
         latency.ttft_sweep(model, [0])
 
