@@ -158,9 +158,10 @@ def _line(xs, ys) -> tuple[float, float]:
 
 
 def predict_speedup(rows: list[dict], prompt_len: int, lengths, pass_rows=None) -> list[tuple[int, float]]:
-    """Extend a measured `speedup_run` to longer replies: each step's cost, with and without
-    the cache, is fitted as a line in the sequence length and summed; the first token (the
-    prefill) keeps its measured time. `pass_rows` (rows of `ttft_sweep`: one uncached pass
+    """Extend a measured `speedup_run` to longer replies: a cached step costs the run's median
+    step (decode time barely moves with the position at these lengths), an uncached step is
+    a line in the sequence length fitted to the run; the first token (the prefill) keeps its
+    measured time. `pass_rows` (rows of `ttft_sweep`: one uncached pass
     over `prompt_len` tokens) anchor the uncached fit at long lengths, where a short run's
     noise would otherwise decide the slope. Returns [(new_tokens, predicted speed-up)].
     """
@@ -170,13 +171,12 @@ def predict_speedup(rows: list[dict], prompt_len: int, lengths, pass_rows=None) 
     steps = [b["uncached_s"] - a["uncached_s"] for a, b in zip(rows, rows[1:])]
     extra = [(r["prompt_len"], r["ttft_s"]) for r in (pass_rows or [])]
     uncached = _line(seq + [x for x, _ in extra], steps + [y for _, y in extra])
-    cached = _line(seq, [b["cached_s"] - a["cached_s"] for a, b in zip(rows, rows[1:])])
+    step_with = statistics.median(b["cached_s"] - a["cached_s"] for a, b in zip(rows, rows[1:]))  # ~flat in position
     out = []
     for n in lengths:
-        steps = [prompt_len + i for i in range(1, n)]
-        t_without = rows[0]["uncached_s"] + sum(max(0.0, uncached[0] + uncached[1] * t) for t in steps)
-        t_with = rows[0]["cached_s"] + sum(max(0.0, cached[0] + cached[1] * t) for t in steps)
-        out.append((n, t_without / t_with))
+        positions = [prompt_len + i for i in range(1, n)]
+        t_without = rows[0]["uncached_s"] + sum(max(0.0, uncached[0] + uncached[1] * t) for t in positions)
+        out.append((n, t_without / (rows[0]["cached_s"] + step_with * (n - 1))))
     return out
 
 
