@@ -32,6 +32,42 @@ from labkit.rope import Rotary
 __all__ = ["ModelConfig", "RMSNorm", "Attention", "SwiGLU", "Block", "Transformer", "attention_probs"]
 
 
+# Split one-token products across threads (see `linear`): True, False, or None = only with >= 4 threads.
+# With 2 threads the gain is small (one core already streams most of what two can) and a busy
+# machine stalls every parallel region, so the single-threaded BLAS product is the safer default.
+SPLIT_MATVEC: bool | None = None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T, with the one-token case spread over all of torch's threads.
+
+    At batch 1 a decode step is a matrix-vector product per weight, and the BLAS runs it on
+    one core, which streams the weights at one core's share of the memory bandwidth. For a
+    column-major weight ([out, in] with the transpose contiguous, see `Transformer.column_major_`)
+    the output features are cut into one block per thread and the blocks run as one batched
+    product (`torch.bmm`), so every core streams its block. The arithmetic is the same.
+    """
+    n_split = torch.get_num_threads()
+    out_features, in_features = weight.shape
+    split = n_split >= 4 if SPLIT_MATVEC is None else SPLIT_MATVEC
+    if (split and n_split > 1 and x.numel() == in_features and weight.stride(0) == 1
+            and out_features % n_split == 0):
+        blocks = weight.t().view(in_features, n_split, out_features // n_split).transpose(0, 1)  # [n_split, in, out/n_split]
+        out = torch.bmm(x.reshape(1, 1, in_features).expand(n_split, 1, in_features), blocks)  # [n_split, 1, out/n_split]
+        return out.reshape(*x.shape[:-1], out_features)
+    return F.linear(x, weight)
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` without bias whose forward is `linear` (a thread-parallel matrix-vector product at batch 1)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight)
+
+
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x²) + eps) · weight, over the last dimension (no mean subtraction, no bias)."""
 
@@ -56,8 +92,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         q_out, kv_out = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
         self.split = (q_out, kv_out, kv_out)
-        self.wqkv = nn.Linear(config.d_model, q_out + 2 * kv_out, bias=False)  # rows: [Wq; Wk; Wv]
-        self.wo = nn.Linear(q_out, config.d_model, bias=False)
+        self.wqkv = Linear(config.d_model, q_out + 2 * kv_out)  # rows: [Wq; Wk; Wv]
+        self.wo = Linear(q_out, config.d_model)
 
     def projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of Wq, Wk, Wv inside the fused matrix, each [out_features, d_model]."""
@@ -95,8 +131,8 @@ class SwiGLU(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.ffn_dim = config.ffn_dim
-        self.w_gate_up = nn.Linear(config.d_model, 2 * config.ffn_dim, bias=False)  # rows: [W_gate; W_up]
-        self.w_down = nn.Linear(config.ffn_dim, config.d_model, bias=False)
+        self.w_gate_up = Linear(config.d_model, 2 * config.ffn_dim)  # rows: [W_gate; W_up]
+        self.w_down = Linear(config.ffn_dim, config.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_gate_up(x).split(self.ffn_dim, dim=-1)  # [B, T, ffn_dim] each
@@ -131,7 +167,7 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size)
         self._rope = None
 
     @property
@@ -211,7 +247,7 @@ class Transformer(nn.Module):
                 x = block(x, rope, positions, cache)
             if last_only:
                 x = x[:, -1:]
-            logits = F.linear(self.norm(x), self.output_weight())  # [B, T, vocab_size]
+            logits = linear(self.norm(x), self.output_weight())  # [B, T, vocab_size]
         except BaseException:
             if cache is not None:
                 cache.abort()

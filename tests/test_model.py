@@ -146,3 +146,25 @@ def test_bad_input_names_the_numbers():
     assert cache.seq_len == 60  # the failed pass left the cache as it was
     model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
     assert cache.seq_len == 64
+
+
+def test_thread_split_matvec_equals_linear(monkeypatch):
+    from labkit import model as M
+
+    monkeypatch.setattr(M, "SPLIT_MATVEC", True)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 40, generator=g, dtype=torch.float64).t().contiguous().t()  # column-major [out, in]
+    x = torch.randn(1, 1, 40, generator=g, dtype=torch.float64)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    split = M.linear(x, w)
+    assert split.shape == (1, 1, 96)
+    torch.testing.assert_close(split, torch.nn.functional.linear(x, w), atol=1e-12, rtol=0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 5)  # 96 % 5: falls back to F.linear
+    torch.testing.assert_close(M.linear(x, w), torch.nn.functional.linear(x, w), atol=0, rtol=0)
+    model = tiny().column_major_()
+    assert all(m.weight.t().is_contiguous() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    ids_ = ids(6)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    cache = model.new_cache(max_len=6)
+    steps = torch.cat([model(ids_[:, :3], cache=cache)] + [model(ids_[:, t:t + 1], cache=cache) for t in range(3, 6)], 1)
+    torch.testing.assert_close(steps, model(ids_), atol=1e-10, rtol=0)

@@ -121,14 +121,25 @@ def bytes_per_token(config, dtype_bytes: int, context: int) -> dict:
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
 
-def _measure(models: dict, prompt_ids, n_tokens: int, rounds: int) -> dict[str, float]:
-    runners = {"labkit": labkit_decode, "transformers": transformers_decode}
-    for name, m in models.items():  # warm-up: first-call allocations, thread pools
-        runners[name](m, prompt_ids, 4)
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(rounds):  # interleaved, so machine noise hits both alike
-        for name, m in models.items():
-            times[name].append(runners[name](m, prompt_ids, n_tokens))
+def _split_decode(model, prompt_ids, n_tokens):
+    """labkit with every one-token product split across all threads (`labkit.model.SPLIT_MATVEC = True`)."""
+    from labkit import model as model_module
+
+    saved, model_module.SPLIT_MATVEC = model_module.SPLIT_MATVEC, True
+    try:
+        return labkit_decode(model, prompt_ids, n_tokens)
+    finally:
+        model_module.SPLIT_MATVEC = saved
+
+
+def _measure(contenders: dict, prompt_ids, n_tokens: int, rounds: int) -> dict[str, float]:
+    """tokens/s of each `name -> (runner, model)`, runs interleaved so machine noise hits all alike."""
+    for runner, m in contenders.values():  # warm-up: first-call allocations, thread pools
+        runner(m, prompt_ids, 4)
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, (runner, m) in contenders.items():
+            times[name].append(runner(m, prompt_ids, n_tokens))
     return {name: n_tokens / statistics.median(ts) for name, ts in times.items()}
 
 
@@ -151,6 +162,10 @@ def run(quick: bool = False) -> dict:
     if reference is None:
         print("  transformers (+ accelerate) is not installed: measuring labkit only")
     has_bf16, why = native_bf16()
+    from labkit import model as model_module
+
+    splits_by_default = (torch.get_num_threads() >= 4 if model_module.SPLIT_MATVEC is None
+                         else model_module.SPLIT_MATVEC)
     report = {"roofline_gb_s": roofline, "threads": torch.get_num_threads(), "load_average": load, "n_tokens": n_tokens,
               "rounds": rounds, "prompt_tokens": len(prompt_ids), "native_bf16": has_bf16, "dtypes": {}}
     for dtype in (torch.float32, torch.bfloat16):
@@ -159,10 +174,12 @@ def run(quick: bool = False) -> dict:
             print(f"  bfloat16: skipped - {why}")
             report["dtypes"][name] = {"skipped": why}
             continue
-        models = {"labkit": model.to(dtype)}
+        contenders = {"labkit": (labkit_decode, model.to(dtype))}
         if reference is not None:
-            models["transformers"] = reference.to(dtype)
-        rates = _measure(models, prompt_ids, n_tokens, rounds)
+            contenders["transformers"] = (transformers_decode, reference.to(dtype))
+        if torch.get_num_threads() > 1 and not splits_by_default:
+            contenders["labkit-split"] = (_split_decode, model)
+        rates = _measure(contenders, prompt_ids, n_tokens, rounds)
         read = bytes_per_token(model.config, torch.finfo(dtype).bits // 8, len(prompt_ids) + n_tokens // 2)
         gb_s = read["total"] * rates["labkit"] / 1e9
         row = {"tok_s": rates, "bytes_per_token": read, "gb_s": gb_s, "roofline_fraction": gb_s / roofline}
@@ -171,6 +188,11 @@ def run(quick: bool = False) -> dict:
             row["speedup"] = rates["labkit"] / rates["transformers"]
             line += f" | transformers {rates['transformers']:6.1f} tok/s | {row['speedup']:.2f}x"
         print(line)
+        if "labkit-split" in rates:
+            split_gb_s = read["total"] * rates["labkit-split"] / 1e9
+            print(f"            labkit with one-token products split over {torch.get_num_threads()} threads "
+                  f"(labkit.model.SPLIT_MATVEC = True): {rates['labkit-split']:.1f} tok/s, "
+                  f"{100 * split_gb_s / roofline:.0f} % of the roofline")
         print(f"            {read['total'] / 1e6:.0f} MB read per token ({read['weights'] / 1e6:.0f} MB weights, "
               f"{read['kv'] / 1e6:.1f} MB KV) -> {gb_s:.1f} GB/s = {100 * gb_s / roofline:.0f} % of the {roofline:.1f} GB/s roofline")
         report["dtypes"][name] = row
