@@ -5,9 +5,11 @@ Follows Touvron et al. 2023, "LLaMA" / "Llama 2": pre-norm decoder blocks with R
 grouped-query attention (Ainslie et al. 2023) and a SwiGLU MLP (Shazeer 2020). The code
 shape follows gpt-fast's `model.py` and nanoGPT: one class per idea, shapes in comments.
 
-Two fusions make batch-1 decoding fast without changing the maths: the Q, K and V
-projections are one matrix (`wqkv`), as are the gate and up projections (`w_gate_up`),
-so each is read from memory in a single matmul.
+Batch-1 decoding is a stream of matrix-vector products, so three layout choices make it
+fast without changing the maths: the Q, K and V projections are one matrix (`wqkv`) and
+the gate and up projections another (`w_gate_up`), each read in a single product; and a
+loaded model stores its weights column-major (`Transformer.column_major_`), the order in
+which the BLAS streams them fastest.
 
     >>> cfg = ModelConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64)
     >>> model = Transformer(cfg)
