@@ -34,9 +34,9 @@ from labkit.rope import Rotary
 __all__ = ["ModelConfig", "RMSNorm", "Attention", "SwiGLU", "Block", "Transformer", "attention_probs"]
 
 
-# Split one-token products across threads (see `linear`): True, False, or None = only with >= 4 threads.
-# With 2 threads the gain is small (one core already streams most of what two can) and a busy
-# machine stalls every parallel region, so the single-threaded BLAS product is the safer default.
+# Split one-token products across threads (see `linear`): None (the default) splits whenever torch
+# uses more than one thread. On a machine whose cores are busy with other programs, every parallel
+# region waits for a descheduled thread; there False (one core per product) decodes faster.
 SPLIT_MATVEC: bool | None = None
 
 
@@ -51,9 +51,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """
     n_split = torch.get_num_threads()
     out_features, in_features = weight.shape
-    split = n_split >= 4 if SPLIT_MATVEC is None else SPLIT_MATVEC
-    if (split and n_split > 1 and x.numel() == in_features and weight.stride(0) == 1
-            and out_features % n_split == 0):
+    split = n_split > 1 and (SPLIT_MATVEC is None or SPLIT_MATVEC)
+    if split and x.numel() == in_features and weight.stride(0) == 1 and out_features % n_split == 0:
         blocks = weight.t().view(in_features, n_split, out_features // n_split).transpose(0, 1)  # [n_split, in, out/n_split]
         out = torch.bmm(x.reshape(1, 1, in_features).expand(n_split, 1, in_features), blocks)  # [n_split, 1, out/n_split]
         return out.reshape(*x.shape[:-1], out_features)

@@ -121,15 +121,22 @@ def bytes_per_token(config, dtype_bytes: int, context: int) -> dict:
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
 
-def _split_decode(model, prompt_ids, n_tokens):
-    """labkit with every one-token product split across all threads (`labkit.model.SPLIT_MATVEC = True`)."""
+def _other_split_decode(model, prompt_ids, n_tokens):
+    """labkit with the other choice of `labkit.model.SPLIT_MATVEC` (one-token products split over threads, or not)."""
     from labkit import model as model_module
 
-    saved, model_module.SPLIT_MATVEC = model_module.SPLIT_MATVEC, True
+    saved = model_module.SPLIT_MATVEC
+    model_module.SPLIT_MATVEC = not _splits(saved)
     try:
         return labkit_decode(model, prompt_ids, n_tokens)
     finally:
         model_module.SPLIT_MATVEC = saved
+
+
+def _splits(setting) -> bool:
+    import torch
+
+    return torch.get_num_threads() > 1 if setting is None else bool(setting)
 
 
 def _measure(contenders: dict, prompt_ids, n_tokens: int, rounds: int) -> dict[str, float]:
@@ -164,8 +171,7 @@ def run(quick: bool = False) -> dict:
     has_bf16, why = native_bf16()
     from labkit import model as model_module
 
-    splits_by_default = (torch.get_num_threads() >= 4 if model_module.SPLIT_MATVEC is None
-                         else model_module.SPLIT_MATVEC)
+    splits = _splits(model_module.SPLIT_MATVEC)
     report = {"roofline_gb_s": roofline, "threads": torch.get_num_threads(), "load_average": load, "n_tokens": n_tokens,
               "rounds": rounds, "prompt_tokens": len(prompt_ids), "native_bf16": has_bf16, "dtypes": {}}
     for dtype in (torch.float32, torch.bfloat16):
@@ -177,8 +183,8 @@ def run(quick: bool = False) -> dict:
         contenders = {"labkit": (labkit_decode, model.to(dtype))}
         if reference is not None:
             contenders["transformers"] = (transformers_decode, reference.to(dtype))
-        if torch.get_num_threads() > 1 and not splits_by_default:
-            contenders["labkit-split"] = (_split_decode, model)
+        if torch.get_num_threads() > 1:
+            contenders["labkit-other"] = (_other_split_decode, model)
         rates = _measure(contenders, prompt_ids, n_tokens, rounds)
         read = bytes_per_token(model.config, torch.finfo(dtype).bits // 8, len(prompt_ids) + n_tokens // 2)
         gb_s = read["total"] * rates["labkit"] / 1e9
@@ -188,11 +194,12 @@ def run(quick: bool = False) -> dict:
             row["speedup"] = rates["labkit"] / rates["transformers"]
             line += f" | transformers {rates['transformers']:6.1f} tok/s | {row['speedup']:.2f}x"
         print(line)
-        if "labkit-split" in rates:
-            split_gb_s = read["total"] * rates["labkit-split"] / 1e9
-            print(f"            labkit with one-token products split over {torch.get_num_threads()} threads "
-                  f"(labkit.model.SPLIT_MATVEC = True): {rates['labkit-split']:.1f} tok/s, "
-                  f"{100 * split_gb_s / roofline:.0f} % of the roofline")
+        if "labkit-other" in rates:
+            other_gb_s = read["total"] * rates["labkit-other"] / 1e9
+            how = ("each one-token product on one core (SPLIT_MATVEC = False)" if splits else
+                   f"one-token products split over {torch.get_num_threads()} threads (SPLIT_MATVEC = True)")
+            print(f"            labkit with {how}: {rates['labkit-other']:.1f} tok/s, "
+                  f"{100 * other_gb_s / roofline:.0f} % of the roofline")
         print(f"            {read['total'] / 1e6:.0f} MB read per token ({read['weights'] / 1e6:.0f} MB weights, "
               f"{read['kv'] / 1e6:.1f} MB KV) -> {gb_s:.1f} GB/s = {100 * gb_s / roofline:.0f} % of the {roofline:.1f} GB/s roofline")
         report["dtypes"][name] = row
