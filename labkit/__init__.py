@@ -19,12 +19,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": "labkit.registry",
     "available_models": "labkit.registry",
-    "generate": "labkit.generate",
-    "stream": "labkit.generate",
-    "prefill": "labkit.generate",
-    "decode": "labkit.generate",
-    "PrefillState": "labkit.generate",
-    "GenerationOutput": "labkit.generate",
+    "generate": "labkit.generation",
+    "stream": "labkit.generation",
+    "prefill": "labkit.generation",
+    "decode": "labkit.generation",
+    "PrefillState": "labkit.generation",
+    "GenerationOutput": "labkit.generation",
 }
 
 

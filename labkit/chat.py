@@ -10,7 +10,7 @@ tokenizer's chat template (ChatML for SmolLM2) and the whole prompt is prefilled
 """
 from __future__ import annotations
 
-from labkit.generate import generate, stream
+from labkit.generation import generate, stream
 
 __all__ = ["Chat"]
 

@@ -134,7 +134,7 @@ def load_state(path: str | Path, model):
     """Read a state written by `save_state` for `model`; raises ValueError for another model."""
     from safetensors import safe_open
 
-    from labkit.generate import PrefillState
+    from labkit.generation import PrefillState
 
     header = describe(path)
     _check_model(header, model, path)
@@ -158,7 +158,7 @@ def decode_with_checkpoints(model, state, n: int, path: str | Path, every: int =
     If the process dies, `load_state(path, model)` resumes from the last stretch; the
     tokens are the same as an uninterrupted `decode(model, state, n)`.
     """
-    from labkit.generate import decode
+    from labkit.generation import decode
 
     if not isinstance(every, int) or every < 1:
         raise ValueError(f"every must be a positive integer, got {every!r}")

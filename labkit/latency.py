@@ -39,7 +39,7 @@ def _check_lengths(name: str, values) -> list[int]:
 @torch.inference_mode()
 def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
     """Median prefill time (the TTFT without tokenizing) for each prompt length."""
-    from labkit.generate import prefill
+    from labkit.generation import prefill
 
     prompt_lens = _check_lengths("prompt_lens", prompt_lens)
     prefill(model, filler_ids(8, model.config.vocab_size), max_len=8)  # warm-up
@@ -63,7 +63,7 @@ def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts
     name (with `cache_opts`), or a list of kinds to compare at one position each
     (rows then carry a "cache" key too).
     """
-    from labkit.generate import prefill
+    from labkit.generation import prefill
 
     positions = _check_lengths("positions", positions)
     kinds = cache if isinstance(cache, (list, tuple)) else [cache]

@@ -70,6 +70,7 @@ class Rotary:
         self._tables64 = (torch.polar(torch.ones_like(theta), theta) if layout == "interleaved"
                           else (torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)))
         self._tables: dict[torch.dtype, object] = {}
+        self._gathered = (None, None, None)  # (positions, dtype, tables at those positions)
         self.tables(dtype)
 
     def tables(self, dtype: torch.dtype):
@@ -81,14 +82,28 @@ class Rotary:
                 self._tables[dtype] = tuple(t.to(dtype) for t in self._tables64)
         return self._tables[dtype]
 
+    def at(self, positions: torch.Tensor, dtype: torch.dtype):
+        """The tables gathered at `positions` (complex [T, head_dim/2], or (cos, sin) [T, head_dim]).
+
+        A forward pass rotates the queries and keys of every layer at the same positions
+        tensor, so the gather is done once and reused while the same tensor object comes
+        back (positions tensors are never modified in place).
+        """
+        last_positions, last_dtype, gathered = self._gathered
+        if positions is not last_positions or dtype != last_dtype:
+            tables = self.tables(dtype)
+            gathered = tables[positions] if self.layout == "interleaved" else tuple(t[positions] for t in tables)
+            self._gathered = (positions, dtype, gathered)
+        return gathered
+
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.layout == "interleaved":
-            work = x if x.dtype == torch.float64 else x.float()
+            work = x if x.dtype in (torch.float32, torch.float64) else x.float()
             pairs = work.reshape(*x.shape[:-1], -1, 2)  # [B, H, T, head_dim/2, 2]
-            rotated = torch.view_as_complex(pairs) * self.tables(x.dtype)[positions]  # [B, H, T, head_dim/2]
-            return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
-        cos, sin = self.tables(x.dtype)
-        cos, sin = cos[positions], sin[positions]  # [T, head_dim]
+            rotated = torch.view_as_complex(pairs) * self.at(positions, x.dtype)  # [B, H, T, head_dim/2]
+            out = torch.view_as_real(rotated).flatten(-2)
+            return out if out.dtype == x.dtype else out.to(x.dtype)
+        cos, sin = self.at(positions, x.dtype)  # [T, head_dim] each
         half = self.head_dim // 2
         rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated_half * sin

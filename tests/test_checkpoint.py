@@ -8,7 +8,7 @@ import torch
 
 import labkit
 from labkit import checkpoint
-from labkit.generate import PrefillState
+from labkit.generation import PrefillState
 from tests.conftest import ROOT, python_env
 from tests.kvcache_shared import ids, tiny
 

@@ -69,3 +69,17 @@ def test_permutation_moves_rows_as_documented():
 def test_bad_layout():
     with pytest.raises(ValueError, match="layout must be one of"):
         Rotary(D, BASE, 8, "neox")
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_gathered_tables_follow_the_positions_tensor(layout):
+    """The per-pass gather is reused only for the same positions tensor, never for new positions."""
+    rope = Rotary(D, BASE, 64, layout)
+    x = torch.randn(1, 2, 3, D, generator=torch.Generator().manual_seed(4))
+    first, second = torch.tensor([1, 2, 3]), torch.tensor([10, 20, 30])
+    a, b = rope(x, first), rope(x, second)
+    assert not torch.allclose(a, b)
+    torch.testing.assert_close(b, Rotary(D, BASE, 64, layout)(x, second), atol=0, rtol=0)
+    torch.testing.assert_close(rope(x, first), a, atol=0, rtol=0)
+    assert rope.at(second, torch.float32) is rope.at(second, torch.float32)  # same tensor: gathered once
+    torch.testing.assert_close(rope(x.double(), second).float(), b, atol=1e-6, rtol=0)  # another dtype: regathered

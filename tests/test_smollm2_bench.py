@@ -16,3 +16,13 @@ def test_native_bf16_says_why():
     has, why = bench.native_bf16()
     assert isinstance(has, bool) and why
     assert ("no native bfloat16" in why) != has
+
+
+def test_roofline_fraction_pairs_each_round_with_its_own_sample():
+    import pytest
+
+    # 1 GB per token, 10 tokens in 1 s = 10 GB/s; rounds against 20, 10, 40 GB/s -> 0.5, 1.0, 0.25
+    assert bench.roofline_fraction(1e9, 10, [1.0, 1.0, 1.0], [20.0, 10.0, 40.0]) == 0.5
+    assert bench.roofline_fraction(1e9, 10, [2.0, 1.0, 0.5], [5.0, 10.0, 20.0]) == 1.0
+    with pytest.raises(ValueError, match="one roofline sample per round"):
+        bench.roofline_fraction(1e9, 10, [1.0, 1.0], [20.0])

@@ -139,15 +139,30 @@ def _splits(setting) -> bool:
     return torch.get_num_threads() > 1 if setting is None else bool(setting)
 
 
-def _measure(contenders: dict, prompt_ids, n_tokens: int, rounds: int) -> dict[str, float]:
-    """tokens/s of each `name -> (runner, model)`, runs interleaved so machine noise hits all alike."""
+def _measure(contenders: dict, prompt_ids, n_tokens: int, rounds: int, roofline=None) -> tuple[dict, list]:
+    """Seconds per run of each `name -> (runner, model)`, runs interleaved so machine noise hits all alike.
+
+    `roofline()` (GB/s), when given, is sampled once per round between the runs, so the
+    bandwidth the decode rate is compared with is measured under the same conditions.
+    Returns (name -> list of seconds, list of roofline samples).
+    """
     for runner, m in contenders.values():  # warm-up: first-call allocations, thread pools
         runner(m, prompt_ids, 4)
     times: dict[str, list[float]] = {name: [] for name in contenders}
+    roof: list[float] = []
     for _ in range(rounds):
+        if roofline is not None:
+            roof.append(roofline())
         for name, (runner, m) in contenders.items():
             times[name].append(runner(m, prompt_ids, n_tokens))
-    return {name: n_tokens / statistics.median(ts) for name, ts in times.items()}
+    return times, roof
+
+
+def roofline_fraction(bytes_per_token: float, n_tokens: int, seconds: list[float], roof_gb_s: list[float]) -> float:
+    """Median over rounds of (GB/s achieved in the round) / (roofline GB/s sampled in the same round)."""
+    if len(seconds) != len(roof_gb_s) or not seconds:
+        raise ValueError(f"need one roofline sample per round, got {len(roof_gb_s)} for {len(seconds)} rounds")
+    return statistics.median(bytes_per_token * n_tokens / t / 1e9 / r for t, r in zip(seconds, roof_gb_s))
 
 
 def run(quick: bool = False) -> dict:
@@ -156,13 +171,19 @@ def run(quick: bool = False) -> dict:
     import labkit
     from labkit import hwmeasure
 
-    n_tokens, rounds = (32, 3) if quick else (64, 7)
-    roofline = hwmeasure.read_bandwidth_gb_s(seconds=0.5 if quick else 1.0)
-    print(f"  torch {torch.__version__}, {torch.get_num_threads()} threads; streaming-read roofline {roofline:.1f} GB/s")
+    n_tokens, rounds = (32, 3) if quick else (64, 9)
+    sample_s = 0.2 if quick else 0.4
+
+    def roofline() -> float:
+        return hwmeasure.read_bandwidth_gb_s(seconds=sample_s)
+
+    print(f"  torch {torch.__version__}, {torch.get_num_threads()} threads; the streaming-read roofline "
+          f"(a sum over 256 MB) is sampled in every round, next to the decode runs")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > 0.5 * (os.cpu_count() or 1):
         print(f"  note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs); "
-              "both implementations suffer alike, but absolute figures are low and noisy")
+              "both implementations suffer alike, but absolute figures are low and noisy; with cores busy, "
+              "torch.set_num_threads(1) decodes faster than two threads")
     model, tok = labkit.load("smollm2-135m")
     prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
     reference = load_transformers(torch.float32)
@@ -172,7 +193,7 @@ def run(quick: bool = False) -> dict:
     from labkit import model as model_module
 
     splits = _splits(model_module.SPLIT_MATVEC)
-    report = {"roofline_gb_s": roofline, "threads": torch.get_num_threads(), "load_average": load, "n_tokens": n_tokens,
+    report = {"threads": torch.get_num_threads(), "load_average": load, "n_tokens": n_tokens,
               "rounds": rounds, "prompt_tokens": len(prompt_ids), "native_bf16": has_bf16, "dtypes": {}}
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
@@ -185,23 +206,30 @@ def run(quick: bool = False) -> dict:
             contenders["transformers"] = (transformers_decode, reference.to(dtype))
         if torch.get_num_threads() > 1:
             contenders["labkit-other"] = (_other_split_decode, model)
-        rates = _measure(contenders, prompt_ids, n_tokens, rounds)
+        times, roof = _measure(contenders, prompt_ids, n_tokens, rounds, roofline)
+        rates = {k: n_tokens / statistics.median(ts) for k, ts in times.items()}
         read = bytes_per_token(model.config, torch.finfo(dtype).bits // 8, len(prompt_ids) + n_tokens // 2)
+        roof_median = statistics.median(roof)
         gb_s = read["total"] * rates["labkit"] / 1e9
-        row = {"tok_s": rates, "bytes_per_token": read, "gb_s": gb_s, "roofline_fraction": gb_s / roofline}
+        fraction = roofline_fraction(read["total"], n_tokens, times["labkit"], roof)
+        row = {"tok_s": rates, "bytes_per_token": read, "gb_s": gb_s, "roofline_gb_s": roof_median,
+               "roofline_samples_gb_s": roof, "roofline_fraction": fraction}
         line = f"  {name:9s} labkit {rates['labkit']:6.1f} tok/s"
         if "transformers" in rates:
             row["speedup"] = rates["labkit"] / rates["transformers"]
             line += f" | transformers {rates['transformers']:6.1f} tok/s | {row['speedup']:.2f}x"
         print(line)
         if "labkit-other" in rates:
-            other_gb_s = read["total"] * rates["labkit-other"] / 1e9
+            other = roofline_fraction(read["total"], n_tokens, times["labkit-other"], roof)
+            row["other_split_roofline_fraction"] = other
             how = ("each one-token product on one core (SPLIT_MATVEC = False)" if splits else
                    f"one-token products split over {torch.get_num_threads()} threads (SPLIT_MATVEC = True)")
             print(f"            labkit with {how}: {rates['labkit-other']:.1f} tok/s, "
-                  f"{100 * other_gb_s / roofline:.0f} % of the roofline")
+                  f"{100 * other:.0f} % of the roofline")
         print(f"            {read['total'] / 1e6:.0f} MB read per token ({read['weights'] / 1e6:.0f} MB weights, "
-              f"{read['kv'] / 1e6:.1f} MB KV) -> {gb_s:.1f} GB/s = {100 * gb_s / roofline:.0f} % of the {roofline:.1f} GB/s roofline")
+              f"{read['kv'] / 1e6:.1f} MB KV) -> {gb_s:.1f} GB/s")
+        print(f"            roofline {roof_median:.1f} GB/s (median of {len(roof)} samples, "
+              f"{min(roof):.1f}-{max(roof):.1f}); per round, labkit reached a median {100 * fraction:.0f} % of it")
         report["dtypes"][name] = row
     model.to(torch.float32)
     return report

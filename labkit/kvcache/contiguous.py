@@ -41,14 +41,14 @@ class ContiguousCache(KVCache):
         self._n_new = n_new
         end = self._len + n_new
         self._mask = causal_mask(n_new, end, self.device)  # None for a single decode token
-        return self._positions[self._len:end]
+        self._new_positions = self._positions[self._len:end]
+        return self._new_positions
 
     def update(self, layer, k, v, rope):
         if layer == 0:
             self.check_kv(layer, k, v)
         start, end = self._len, self._len + self._n_new
-        positions = self._positions[start:end]
-        self.keys[layer, :, :, start:end] = rope(k, positions)  # rotated once, stored rotated
+        self.keys[layer, :, :, start:end] = rope(k, self._new_positions)  # rotated once, stored rotated
         self.values[layer, :, :, start:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end], self._mask
 

@@ -293,14 +293,3 @@ def stream(model, tok, prompt, max_new_tokens: int = 64, seed: int | None = 0, *
     for kind, value in _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, _params(params, sampling)):
         if kind == "text" and value:
             yield value
-
-
-class _CallableModule(type(__import__("sys"))):
-    """`labkit.generate(...)` calls `generate` even after `import labkit.generate` has made
-    the package attribute `labkit.generate` this module (a submodule shares the name)."""
-
-    def __call__(self, *args, **kwargs):
-        return generate(*args, **kwargs)
-
-
-__import__("sys").modules[__name__].__class__ = _CallableModule
