@@ -9,7 +9,8 @@ Batch-1 decoding is a stream of matrix-vector products, so three layout choices 
 fast without changing the maths: the Q, K and V projections are one matrix (`wqkv`) and
 the gate and up projections another (`w_gate_up`), each read in a single product; and a
 loaded model stores its weights column-major (`Transformer.column_major_`), the order in
-which the BLAS streams them fastest.
+which the BLAS streams them fastest, and which lets `linear` hand each thread one contiguous
+slab of it.
 
     >>> cfg = ModelConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64)
     >>> model = Transformer(cfg)
