@@ -13,6 +13,11 @@ score `sum(logp) / L ** length_penalty`, L = generated length including the EOS;
 * ``early_stopping="never"``: the same test with the best length it could still reach
   (`max_new_tokens`) when length_penalty > 0, a true bound: search until no beam can win.
 
+With a labkit model the beams share one KV cache, one batch row each: the prompt is
+prefilled once, and after every step `cache.reorder(parents)` gives each surviving beam its
+parent's keys and values, so a step feeds one token per beam (HF's `_reorder_cache`).
+Any other callable model has every beam's whole sequence recomputed each step.
+
 Differences from HF, on purpose: candidates are ordered by a stable sort (ties go to the
 lower beam, then the lower token id), and when fewer than `num_beams` candidates exist
 labkit runs fewer beams instead of filling the rest with -1e9 placeholders.
@@ -65,6 +70,35 @@ def _last_logits(model, batch: torch.Tensor, last_only: bool) -> torch.Tensor:
     return logits[:, -1, :]
 
 
+class _Recompute:
+    """Next-token logits of every running beam by a forward pass over its whole sequence."""
+
+    def __init__(self, model):
+        self.model, self.last_only = model, _takes_last_only(model)
+
+    def logits(self, running, parents) -> torch.Tensor:
+        batch = torch.tensor([seq for seq, _ in running], dtype=torch.long)  # [R, cur_len]
+        return _last_logits(self.model, batch, self.last_only)  # [R, V]
+
+
+class _Cached:
+    """The same logits from a KV cache: the prompt is prefilled once, then every step feeds one
+    token per beam after `cache.reorder(parents)` has given each beam its parent's keys and values
+    (what Hugging Face's `_reorder_cache` does)."""
+
+    def __init__(self, model, prompt_len: int, max_new_tokens: int):
+        self.model = model
+        self.cache = model.new_cache(max_len=prompt_len + max_new_tokens, batch_size=1)
+
+    def logits(self, running, parents) -> torch.Tensor:
+        if parents is None:  # the first step: prefill the prompt
+            ids = torch.tensor([running[0][0]], dtype=torch.long)
+            return self.model(ids, cache=self.cache, last_only=True)[:, -1, :]
+        self.cache.reorder(parents)
+        last = torch.tensor([[seq[-1]] for seq, _ in running], dtype=torch.long)  # [R, 1]
+        return self.model(last, cache=self.cache)[:, -1, :]
+
+
 @torch.no_grad()
 def beam_search(
     model,
@@ -74,11 +108,14 @@ def beam_search(
     length_penalty: float = 1.0,
     early_stopping: bool | str = False,
     eos_token_id: int | list[int] | None = None,
+    cache: bool | None = None,
 ) -> BeamSearchOutput:
     """Beam search over `model(ids [B, T]) -> logits [B, T, V]` from one prompt `ids` (list or `[T]`/`[1, T]`).
 
     length_penalty > 0 favours longer outputs (log-probs are negative), < 0 shorter ones.
-    `num_beams=1` is greedy decoding.
+    `num_beams=1` is greedy decoding. `cache`: keep a KV cache, one batch row per beam (the
+    default when the model has `new_cache`, as a labkit model does), or recompute every
+    beam's whole sequence each step (False; any callable model).
     """
     if not isinstance(num_beams, int) or isinstance(num_beams, bool) or num_beams < 1:
         raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
@@ -92,21 +129,26 @@ def beam_search(
     eos = _id_set(eos_token_id)
     prompt_len = prompt.numel()
     n_candidates = max(2, 1 + len(eos)) * num_beams
-    last_only = _takes_last_only(model)
+    can_cache = hasattr(model, "new_cache")
+    if cache not in (None, True, False):
+        raise ValueError(f"cache must be True, False or None (automatic), got {cache!r}")
+    if cache and not can_cache:
+        raise ValueError("cache=True needs a model with new_cache() (a labkit model); use cache=False")
+    stepper = _Cached(model, prompt_len, max_new_tokens) if (can_cache if cache is None else cache) else _Recompute(model)
 
     running: list[tuple[list[int], torch.Tensor]] = [(prompt.tolist(), torch.zeros(()))]  # (sequence, sum logp)
+    parents = None  # for each running beam, the row it came from in the previous step
     finished: list[tuple[float, float, list[int]]] = []  # (score, sum logp, sequence), best first
     step = 0
     while step < max_new_tokens and running:
-        batch = torch.tensor([seq for seq, _ in running], dtype=torch.long)  # [R, cur_len]
-        logits = _last_logits(model, batch, last_only)  # [R, V]
+        logits = stepper.logits(running, parents)  # [R, V]
         logp = torch.log_softmax(logits, dim=-1)
         V = logp.shape[-1]
         sums = torch.stack([s for _, s in running]).to(logp.dtype)
         cand = (sums[:, None] + logp).reshape(-1)  # [R * V], beam-major
         order = torch.sort(cand, descending=True, stable=True).indices[:n_candidates]
         last_step = step + 1 == max_new_tokens
-        next_running = []
+        next_running, next_parents = [], []
         for rank, flat in enumerate(order.tolist()):
             total = cand[flat]
             if torch.isneginf(total):
@@ -121,7 +163,8 @@ def beam_search(
                     del finished[num_beams:]
             elif len(next_running) < num_beams:
                 next_running.append((seq, total))
-        running = next_running
+                next_parents.append(beam)
+        running, parents = next_running, next_parents
         step += 1
         if len(finished) >= num_beams and running:
             if early_stopping is True:

@@ -173,3 +173,30 @@ def test_a_model_that_can_skip_positions_is_asked_for_the_last_one_only():
     b = beam_search(skipping, [1], num_beams=3, max_new_tokens=5, eos_token_id=0)
     assert a.sequences == b.sequences and a.scores == b.scores
     assert skipping.last_only_calls == b.steps
+
+
+@pytest.mark.parametrize("lp, early", [(1.0, False), (2.0, "never"), (0.5, True)])
+def test_kv_cache_beams_equal_recomputed_beams(lp, early):
+    """One cache row per beam, reordered to the parents each step, gives the search a full recompute gives."""
+    from tests.kvcache_shared import tiny
+
+    model = tiny(seed=2).double()
+    lengths = []
+    model.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape))
+    kw = dict(num_beams=3, max_new_tokens=9, length_penalty=lp, early_stopping=early, eos_token_id=4)
+    cached = beam_search(model, [7, 1, 30, 12], cache=True, **kw)
+    steps_shapes, lengths[:] = list(lengths), []
+    full = beam_search(model, [7, 1, 30, 12], cache=False, **kw)
+    assert cached.sequences == full.sequences and cached.steps == full.steps
+    assert cached.scores == pytest.approx(full.scores, abs=1e-9)
+    assert steps_shapes[0] == (1, 4) and all(s[1] == 1 for s in steps_shapes[1:])  # prefill once, then one token a beam
+    assert lengths[-1][1] == 4 + full.steps - 1  # the recompute re-reads everything
+    assert beam_search(model, [7, 1, 30, 12], **kw).sequences == cached.sequences  # a labkit model caches by default
+
+
+def test_cache_argument_is_checked():
+    model = TableModel(3, 4, 0)
+    with pytest.raises(ValueError, match="new_cache"):
+        beam_search(model, [0], cache=True)
+    with pytest.raises(ValueError, match="cache must be"):
+        beam_search(model, [0], cache="yes")

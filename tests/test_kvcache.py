@@ -123,3 +123,26 @@ def test_model_new_cache_defaults_and_memory_formula():
     cache = model.new_cache()
     assert cache.max_len == 64 and cache.dtype == torch.float64
     assert cache.bytes_allocated() == 64 * CFG.kv_bytes_per_token(8)
+
+
+def test_contiguous_reorder_copies_parent_rows_and_checks_them():
+    from labkit.config import ModelConfig
+    from labkit.kvcache import new_cache
+
+    cfg = ModelConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=10, ffn_dim=8)
+    cache = new_cache("contiguous", cfg, max_len=6, batch_size=3)
+    k = torch.arange(3.0).reshape(3, 1, 1, 1).expand(3, cfg.n_kv_heads, 2, cfg.head_dim).contiguous()
+    cache.begin(2)
+    for layer in range(2):
+        cache.update(layer, k, k + 10, lambda x, positions: x)
+    cache.end()
+    cache.reorder([2, 2, 0, 1])
+    assert cache.batch_size == 4 and cache.seq_len == 2
+    for layer in range(2):
+        assert cache.keys[layer, :, 0, 0, 0].tolist() == [2.0, 2.0, 0.0, 1.0]
+        assert cache.values[layer, :, 0, 1, 0].tolist() == [12.0, 12.0, 10.0, 11.0]
+    for bad, message in [([], "at least one"), ([4], r"\[0, 4\)"), ([-1], "got -1")]:
+        with pytest.raises(ValueError, match=message):
+            cache.reorder(bad)
+    with pytest.raises(NotImplementedError, match="paged"):
+        new_cache("paged", cfg, max_len=8, block_size=4).reorder([0])

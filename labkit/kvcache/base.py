@@ -98,6 +98,28 @@ class KVCache(ABC):
         """Drop the pass in progress (a forward that failed); committed tokens stay."""
         self._n_new = None
 
+    def reorder(self, rows) -> None:
+        """Make batch row i a copy of old row `rows[i]` (beam search keeps its surviving beams).
+
+        The batch size becomes `len(rows)`; a row may be picked more than once. Kinds that
+        do not support it raise NotImplementedError.
+        """
+        raise NotImplementedError(f"the {self.kind or type(self).__name__} cache cannot reorder its batch rows; "
+                                  "use the contiguous cache")
+
+    def check_rows(self, rows) -> torch.Tensor:
+        """Validate `rows` for `reorder`: a non-empty list of row indices in [0, batch_size)."""
+        if self._n_new is not None:
+            raise RuntimeError("reorder() called during a forward pass (between begin() and end())")
+        rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+        if rows.numel() == 0:
+            raise ValueError("rows must name at least one batch row, got none")
+        lo, hi = int(rows.min()), int(rows.max())
+        if lo < 0 or hi >= self.batch_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"rows must be in [0, {self.batch_size}) (the batch size), got {bad}")
+        return rows.to(self.device)
+
     # ---- shared helpers ---------------------------------------------------------------
 
     def fragmentation(self) -> float:

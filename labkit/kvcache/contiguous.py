@@ -64,6 +64,12 @@ class ContiguousCache(KVCache):
         self._n_new = None
         self._mask = None
 
+    def reorder(self, rows) -> None:
+        rows = self.check_rows(rows)
+        self.keys = self.keys.index_select(1, rows)
+        self.values = self.values.index_select(1, rows)
+        self.batch_size = rows.numel()
+
     def truncate(self, n: int) -> None:
         """Keep only the first `n` tokens (e.g. to roll back rejected speculative tokens)."""
         if not 0 <= n <= self._len:
