@@ -134,7 +134,8 @@ def beam_search(
         raise ValueError(f"cache must be True, False or None (automatic), got {cache!r}")
     if cache and not can_cache:
         raise ValueError("cache=True needs a model with new_cache() (a labkit model); use cache=False")
-    stepper = _Cached(model, prompt_len, max_new_tokens) if (can_cache if cache is None else cache) else _Recompute(model)
+    use_cache = can_cache if cache is None else cache
+    stepper = _Cached(model, prompt_len, max_new_tokens) if use_cache else _Recompute(model)
 
     running: list[tuple[list[int], torch.Tensor]] = [(prompt.tolist(), torch.zeros(()))]  # (sequence, sum logp)
     parents = None  # for each running beam, the row it came from in the previous step

@@ -101,8 +101,7 @@ class Rotary:
             work = x if x.dtype in (torch.float32, torch.float64) else x.float()
             pairs = work.reshape(*x.shape[:-1], -1, 2)  # [B, H, T, head_dim/2, 2]
             rotated = torch.view_as_complex(pairs) * self.at(positions, x.dtype)  # [B, H, T, head_dim/2]
-            out = torch.view_as_real(rotated).flatten(-2)
-            return out if out.dtype == x.dtype else out.to(x.dtype)
+            return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
         cos, sin = self.at(positions, x.dtype)  # [T, head_dim] each
         half = self.head_dim // 2
         rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)

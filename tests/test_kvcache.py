@@ -146,3 +146,24 @@ def test_contiguous_reorder_copies_parent_rows_and_checks_them():
             cache.reorder(bad)
     with pytest.raises(NotImplementedError, match="paged"):
         new_cache("paged", cfg, max_len=8, block_size=4).reorder([0])
+
+
+@pytest.mark.parametrize("kind, opts", [("contiguous", {}), ("paged", {"block_size": 4}), ("quantized", {"bits": 8, "group_size": 4, "residual": 4})])
+def test_keys_are_rotated_with_the_positions_tensor_begin_returned(kind, opts):
+    """So RoPE's tables are gathered once per pass for every layer's queries and keys."""
+    cache = kvcache.new_cache(kind, CFG, max_len=16, **opts)
+    seen = []
+
+    def rope(x, positions):
+        seen.append(positions)
+        return x
+
+    k = torch.zeros(1, CFG.n_kv_heads, 3, CFG.head_dim)
+    for _ in range(2):
+        positions = cache.begin(3)
+        for layer in range(CFG.n_layers):
+            cache.update(layer, k, k, rope)
+        cache.end()
+        assert seen and all(p is positions for p in seen), kind
+        seen.clear()
+    assert positions.tolist() == [3, 4, 5]

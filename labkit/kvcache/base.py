@@ -59,6 +59,7 @@ class KVCache(ABC):
         self.dtype = dtype
         self.device = torch.device(device)
         self._n_new = None  # tokens of the forward pass in progress (between begin and end)
+        self.positions_in_pass = None  # what `new_positions` made for the pass in progress
 
     # ---- the protocol -----------------------------------------------------------------
 
@@ -106,6 +107,16 @@ class KVCache(ABC):
         """
         raise NotImplementedError(f"the {self.kind or type(self).__name__} cache cannot reorder its batch rows; "
                                   "use the contiguous cache")
+
+    def new_positions(self, start: int, n_new: int) -> torch.Tensor:
+        """Positions start .. start+n_new-1 for `begin` to return, kept as `self.positions_in_pass`.
+
+        A kind that rotates its new keys at these positions hands `update`'s rope this same
+        tensor: RoPE then gathers its tables once per pass for the queries and keys of every
+        layer (`Rotary.at` reuses them while the same tensor comes back).
+        """
+        self.positions_in_pass = torch.arange(start, start + n_new, device=self.device)
+        return self.positions_in_pass
 
     def check_rows(self, rows) -> torch.Tensor:
         """Validate `rows` for `reorder`: a non-empty list of row indices in [0, batch_size)."""

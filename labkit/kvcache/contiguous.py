@@ -29,7 +29,6 @@ class ContiguousCache(KVCache):
         self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self._len = 0
-        self._positions = torch.arange(self.max_len, device=self.device)
         self._mask = None
 
     @property
@@ -41,14 +40,13 @@ class ContiguousCache(KVCache):
         self._n_new = n_new
         end = self._len + n_new
         self._mask = causal_mask(n_new, end, self.device)  # None for a single decode token
-        self._new_positions = self._positions[self._len:end]
-        return self._new_positions
+        return self.new_positions(self._len, n_new)
 
     def update(self, layer, k, v, rope):
         if layer == 0:
             self.check_kv(layer, k, v)
         start, end = self._len, self._len + self._n_new
-        self.keys[layer, :, :, start:end] = rope(k, self._new_positions)  # rotated once, stored rotated
+        self.keys[layer, :, :, start:end] = rope(k, self.positions_in_pass)  # rotated once, stored rotated
         self.values[layer, :, :, start:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end], self._mask
 

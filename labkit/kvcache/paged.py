@@ -168,7 +168,7 @@ class PagedCache(KVCache):
             while len(table) < n_blocks:
                 table.append(self.pool.manager.allocate())
         self._n_new = n_new
-        positions = torch.arange(self._len, end, device=self.device)
+        positions = self.new_positions(self._len, n_new)
         table = torch.tensor(self.block_tables, dtype=torch.long, device=self.device)  # [B, n_blocks]
         self._write = (table[:, positions // bs].reshape(-1), (positions % bs).repeat(self.batch_size))  # [B·n_new] each
         self._table = table
@@ -190,7 +190,7 @@ class PagedCache(KVCache):
             self.check_kv(layer, k, v)
         end = self._len + self._n_new
         blocks, offsets = self._write
-        k = rope(k, torch.arange(self._len, end, device=self.device))
+        k = rope(k, self.positions_in_pass)
         H, D = k.shape[1], k.shape[3]
         # [B, H, n_new, D] -> [B·n_new, H, D]: one row per token, written at (block, :, offset)
         self.pool.keys[layer][blocks, :, offsets] = k.transpose(1, 2).reshape(-1, H, D)

@@ -79,7 +79,7 @@ class QuantizedCache(KVCache):
         self._next = dict(qk=n["qk"] + t // R * R, kt=t % R, qv=n["qv"] + max(0, u - R), vt=min(u, R))
         self._n_new = n_new
         self._mask = causal_mask(n_new, self.seq_len + n_new, self.device)
-        return torch.arange(self.seq_len, self.seq_len + n_new, device=self.device)
+        return self.new_positions(self.seq_len, n_new)
 
     def _cached(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The committed tokens, dequantized: keys and values [B, H, seq_len, D]."""
@@ -94,7 +94,7 @@ class QuantizedCache(KVCache):
     def update(self, layer, k, v, rope):
         if layer == 0:
             self.check_kv(layer, k, v)
-        k = rope(k, torch.arange(self.seq_len, self.seq_len + self._n_new, device=self.device))  # KIVI: keys post-RoPE
+        k = rope(k, self.positions_in_pass)  # KIVI: keys post-RoPE
         old_k, old_v = self._cached(layer)
         self._pending[layer] = (k, v)  # stored at end(), so a failed pass leaves the cache as it was
         return torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2), self._mask
