@@ -45,7 +45,7 @@ doctor: setup
 	$(VENV)/bin/labkit doctor
 
 data: setup
-	$(PY) -m labkit.corpus build
+	$(PY) -m labkit.data.corpus build
 
 clean:
 	rm -rf $(BUILD) .build/student

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from labkit import paths
+from labkit.data import paths
 
 SETUP_FIX = "make setup   (or: pip install -c constraints.txt torch==2.13.0 -e '.[lab,test]')"
 
@@ -95,7 +95,7 @@ def check_smollm2() -> Check:
 
 
 def check_data() -> list[Check]:
-    from labkit import datafiles
+    from labkit.data import files as datafiles
 
     results = datafiles.check()
     if not results:
@@ -103,9 +103,9 @@ def check_data() -> list[Check]:
     checks = []
     for name, ok, detail in results:
         if "not listed" in detail:
-            fix = "python -m labkit.datafiles write   (records the checksums of the files now in data/)"
+            fix = "python -m labkit.data.files write   (records the checksums of the files now in data/)"
         elif name.startswith("shakespeare_"):
-            fix = "python -m labkit.corpus build   (or: git checkout -- data/)"
+            fix = "python -m labkit.data.corpus build   (or: git checkout -- data/)"
         else:
             fix = f"git checkout -- data/{name}"
         checks.append(Check(f"data/{name}", ok, detail, fix))
@@ -116,7 +116,7 @@ def machine_lines(seconds: float = 1.0) -> list[str]:
     """CPU threads and measured memory bandwidth (information, never a failure)."""
     lines = [f"[INFO] CPU: {os.cpu_count()} logical cores"]
     try:
-        from labkit import hwmeasure
+        from labkit.costmodel import measure as hwmeasure
 
         lines[0] += f", torch uses {hwmeasure.cpu_threads()} threads"
         bw = hwmeasure.copy_bandwidth_gb_s(seconds=seconds)

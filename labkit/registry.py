@@ -66,9 +66,9 @@ def load(name: str, dtype: torch.dtype | str = torch.float32):
 
 
 def _load_smollm2(dtype: torch.dtype):
-    from labkit import paths
-    from labkit.gguf_loader import load_gguf, open_gguf
-    from labkit.tokenizer import from_gguf
+    from labkit.data import paths
+    from labkit.model.gguf import load_gguf, open_gguf
+    from labkit.tokenizer.gguf import from_gguf
 
     path = paths.smollm2_gguf_path()  # FileNotFoundError naming the install command
     reader = open_gguf(path)

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 
 @dataclass
-class Cfg:  # a stand-in with the field names of labkit.config.ModelConfig's duck type
+class Cfg:  # a stand-in with the field names of labkit.model.config.ModelConfig's duck type
     n_layers: int
     d_model: int
     n_heads: int

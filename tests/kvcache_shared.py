@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.config import ModelConfig
+from labkit.model import ModelConfig
 from labkit.model import Transformer
 
 TINY = dict(vocab_size=61, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, ffn_dim=64, max_seq_len=256)

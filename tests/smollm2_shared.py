@@ -11,7 +11,7 @@ import torch
 def smollm2(dtype: torch.dtype = torch.float32):
     """(model, tokenizer) from `labkit.load`; skips the test when the GGUF package is missing."""
     import labkit
-    from labkit import paths
+    from labkit.data import paths
 
     try:
         paths.smollm2_gguf_path()
@@ -22,7 +22,7 @@ def smollm2(dtype: torch.dtype = torch.float32):
 
 @functools.lru_cache(maxsize=None)
 def reader():
-    from labkit import paths
-    from labkit.gguf_loader import open_gguf
+    from labkit.data import paths
+    from labkit.model.gguf import open_gguf
 
     return open_gguf(paths.smollm2_gguf_path())

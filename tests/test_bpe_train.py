@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit import bpe_train
-from labkit.bpe_train import best_pair, count_pieces, get_stats, merge, train_incremental, train_naive
-from labkit.pretokenize import split
+from labkit.tokenizer import train as bpe_train
+from labkit.tokenizer.train import best_pair, count_pieces, get_stats, merge, train_incremental, train_naive
+from labkit.tokenizer.pretokenize import split
 from labkit.tokenizer import BPETokenizer
 
 # Small alphabets make many ties and long repeats: the cases where trainers disagree.

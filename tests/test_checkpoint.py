@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import checkpoint
+from labkit.generation import state as checkpoint
 from labkit.generation import PrefillState
 from tests.conftest import ROOT, python_env
 from tests.kvcache_shared import ids, tiny
@@ -85,12 +85,12 @@ def test_periodic_checkpoints_recover_after_a_crash(tmp_path):
     uninterrupted = labkit.decode(model, labkit.prefill(model, prompt, seed=1), 14, **SAMPLING)
     state = labkit.prefill(model, prompt, seed=1)
     path = tmp_path / "ckpt.safetensors"
-    done = checkpoint.decode_with_checkpoints(model, state, 10, path, every=4, **SAMPLING)  # "crash" after 10
+    done = labkit.generation.decode_with_checkpoints(model, state, 10, path, every=4, **SAMPLING)  # "crash" after 10
     recovered = PrefillState.load(path, model)
     assert recovered.position == 12 + 10
     assert done + labkit.decode(model, recovered, 4, **SAMPLING) == uninterrupted
     with pytest.raises(ValueError, match="every must be a positive integer, got 0"):
-        checkpoint.decode_with_checkpoints(model, state, 4, path, every=0)
+        labkit.generation.decode_with_checkpoints(model, state, 4, path, every=0)
 
 
 _CHILD = """

@@ -3,7 +3,7 @@ import tarfile
 
 import pytest
 
-from labkit import corpus
+from labkit.data import corpus
 
 
 def _fake_sdist(path, plays):

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from labkit.costmodel import estimate, ridge_tokens
-from labkit.hardware import HARDWARE, hardware
-from labkit.memlevels import onchip_fraction
-from labkit.roofline import phase_time
-from labkit.workload import ModelShape, bits_per_element, decode_work, kv_bytes_per_token, prefill_work
+from labkit.costmodel import HARDWARE, hardware
+from labkit.costmodel.memlevels import onchip_fraction
+from labkit.costmodel.roofline import phase_time
+from labkit.costmodel.workload import ModelShape, bits_per_element, decode_work, kv_bytes_per_token, prefill_work
 
 
 from tests.costmodel_configs import L2_7B, L2_13B, L2_70B, L32_1B, L32_3B, SMOL, Cfg
@@ -197,8 +197,8 @@ def test_a_config_missing_fields_is_a_type_error():
         ModelShape.of(Cfg(30, 576, 9, 4, 64, 1536, 49152))
 
 
-@pytest.mark.parametrize("module", ["labkit.dvfs", "labkit.hardware", "labkit.workload", "labkit.memlevels",
-                                    "labkit.costmodel", "labkit.switching", "labkit.kvpressure"])
+@pytest.mark.parametrize("module", ["labkit.costmodel.dvfs", "labkit.costmodel.profiles", "labkit.costmodel.workload", "labkit.costmodel.memlevels",
+                                    "labkit.costmodel.estimator", "labkit.power.switching", "labkit.power.kvpressure"])
 def test_docstring_examples_hold(module):
     import doctest
     import importlib

@@ -1,7 +1,8 @@
 import subprocess
 import sys
 
-from labkit import datafiles, doctor
+from labkit import doctor
+from labkit.data import files as datafiles
 from tests.conftest import ROOT, python_env
 
 HIDE_SMOLLM2 = """

@@ -128,7 +128,7 @@ def test_cli_chat_keeps_the_conversation(smol, monkeypatch):
 
 
 def test_labkit_generate_is_the_function_even_after_importing_every_submodule(reply, smol):
-    import labkit.generation  # noqa: F401  (the module that defines it is named differently)
+    import labkit.generation.reply  # noqa: F401  (the module that defines it is named differently)
     from labkit import generation
 
     assert labkit.generate is generation.generate and callable(labkit.generate)

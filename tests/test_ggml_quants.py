@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from labkit import ggml_quants as lq
+from labkit.quant import ggml as lq
 from tests.smollm2_shared import reader
 
 gguf = pytest.importorskip("gguf")

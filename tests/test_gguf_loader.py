@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import labkit
-from labkit import paths
-from labkit.gguf_loader import load_gguf
+from labkit.data import paths
+from labkit.model.gguf import load_gguf
 from labkit.model import ModelConfig, Transformer
 from tests.smollm2_shared import smollm2
 

@@ -4,10 +4,11 @@ import time
 import numpy as np
 import pytest
 
-from labkit import paths
-from labkit.chat_template import default_system_prompt
-from labkit.gguf_tokenizer import read_metadata
-from labkit.tokenizer import BPETokenizer, from_gguf
+from labkit.data import paths
+from labkit.tokenizer.chat_template import default_system_prompt
+from labkit.tokenizer.gguf import read_metadata
+from labkit.tokenizer import BPETokenizer
+from labkit.tokenizer import from_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -96,7 +97,7 @@ def test_smollm2_vocabulary(smol):
 
 
 def test_smollm2_loads_fast_and_is_cached():
-    from labkit import gguf_tokenizer
+    from labkit.tokenizer import gguf as gguf_tokenizer
 
     gguf_tokenizer._cache.clear()
     start = time.perf_counter()

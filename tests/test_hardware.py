@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from labkit import hardware as hwmod
-from labkit.dvfs import PowerState, VFTable, leakage_scale
-from labkit.hardware import CONFIDENCE, HARDWARE, hardware
+from labkit.costmodel import profiles as hwmod
+from labkit.costmodel.dvfs import PowerState, VFTable, leakage_scale
+from labkit.costmodel.profiles import CONFIDENCE, HARDWARE, hardware
 
 REQUIRED = ["phone-sd8gen3", "apple-m4-max", "raspberry-pi-5", "laptop-core-ultra-258v", "a100-sxm", "h100-sxm",
             "h200-sxm", "mi300x", "this-machine"]
@@ -32,7 +32,7 @@ def test_profiles_are_physically_sane(key):
     # decode at batch 1 in fp16 must be memory-bound on every device: ridge intensity >> 1 FLOP/byte
     assert hw.ridge_intensity("fp16") > 5
     # an awake chip draws more than an idle one, and less than its peak budget
-    from labkit.energy import awake_power
+    from labkit.power import awake_power
 
     assert hw.p_idle_w <= awake_power(hw) < hw.tdp_w
     # voltage rises with frequency, leakage falls with voltage
@@ -108,9 +108,9 @@ def test_this_machine_is_measured_once_and_cached(monkeypatch):
             return value
         return f
 
-    monkeypatch.setattr("labkit.hwmeasure.read_bandwidth_gb_s", fake(12.5))
-    monkeypatch.setattr("labkit.hwmeasure.copy_bandwidth_gb_s", fake(9.0))
-    monkeypatch.setattr("labkit.hwmeasure.matmul_flops", fake(2.0e11))
+    monkeypatch.setattr("labkit.costmodel.measure.read_bandwidth_gb_s", fake(12.5))
+    monkeypatch.setattr("labkit.costmodel.measure.copy_bandwidth_gb_s", fake(9.0))
+    monkeypatch.setattr("labkit.costmodel.measure.matmul_flops", fake(2.0e11))
     monkeypatch.setattr(hwmod, "_MEASURED", {})
     hw = hardware("this-machine")
     assert hw.mem_bw_gbs == 12.5 and hw.peak_flops("fp32") == 2.0e11

@@ -126,7 +126,7 @@ def test_model_new_cache_defaults_and_memory_formula():
 
 
 def test_contiguous_reorder_copies_parent_rows_and_checks_them():
-    from labkit.config import ModelConfig
+    from labkit.model import ModelConfig
     from labkit.kvcache import new_cache
 
     cfg = ModelConfig(d_model=8, n_layers=2, n_heads=2, vocab_size=10, ffn_dim=8)

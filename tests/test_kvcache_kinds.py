@@ -105,7 +105,7 @@ def test_unknown_kind_lists_the_kinds():
 
 
 @pytest.mark.parametrize("module", ["labkit.kvcache.sliding", "labkit.kvcache.paged", "labkit.kvcache.quantized",
-                                    "labkit.kvquant"])
+                                    "labkit.kvcache.quantize"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from labkit.kvquant import (dequantize_keys, dequantize_values, fake_quantize, kv_bits_per_value, pack4,
-                            quantize_keys, quantize_values, unpack4)
+from labkit.kvcache.quantize import dequantize_keys, dequantize_values, fake_quantize, kv_bits_per_value, pack4, quantize_keys, quantize_values, unpack4
 from tests.kvcache_shared import ids, run_pieces, tiny
 
 

@@ -3,7 +3,11 @@ import pytest
 import torch
 
 import labkit
-from labkit import kveval, kvmemory, latency
+from labkit import metrics
+from labkit.kvcache import evaluate as kveval
+from labkit.kvcache import memory as kvmemory
+from labkit.model import ModelConfig
+from labkit.generation import latency
 from labkit.viz.kvcache import (block_size_figure, cache_speedup_figure, kv_memory_figure, kv_quant_figure,
                                 sliding_slots_figure, window_perplexity_figure)
 from labkit.viz.prefill_decode import reply_time_figure, ttft_itl_figure
@@ -14,12 +18,12 @@ ITL = [{"position": 16, "itl_s": 0.040}, {"position": 1024, "itl_s": 0.050}]
 
 
 def test_13b_mha_is_0_82_mb_per_token_and_gqa_divides_by_the_group():
-    rows = {r["model"]: r for r in kvmemory.memory_rows(["llama-2-13b", "llama-3-8b", "smollm2-135m"], context=4096)}
+    rows = {r["model"]: r for r in kvmemory.memory_rows([ModelConfig.from_name(n) for n in ("llama-2-13b", "llama-3-8b", "smollm2-135m")], context=4096)}
     assert rows["llama-2-13b"]["bytes_per_token"] == 819_200 and round(rows["llama-2-13b"]["cache_bytes"] / 1e9, 2) == 3.36
     assert rows["llama-3-8b"]["bytes_per_token"] == 131_072 and rows["llama-3-8b"]["gqa_saving"] == 4
     assert rows["llama-3-8b"]["mha_bytes_per_token"] == 4 * 131_072
-    assert kvmemory.kv_bytes_per_token("smollm2-135m", bits=32) == tiny_cache_bytes("smollm2-135m")
-    assert kvmemory.kv_bytes_per_token("llama-2-7b", bits=8, group_size=32) == 32 * 32 * 128 * 2 * (1 + 4 / 32)
+    assert kvmemory.kv_bytes_per_token(ModelConfig.from_name("smollm2-135m"), bits=32) == tiny_cache_bytes("smollm2-135m")
+    assert kvmemory.kv_bytes_per_token(ModelConfig.from_name("llama-2-7b"), bits=8, group_size=32) == 32 * 32 * 128 * 2 * (1 + 4 / 32)
 
 
 def tiny_cache_bytes(name):
@@ -83,8 +87,8 @@ def test_reply_estimate_sums_the_steps_after_the_first_token():
 def test_window_covering_the_text_has_the_full_perplexity_and_a_tiny_window_does_not():
     model = tiny()
     text = ids(60, seed=3)[0].tolist()
-    full = kveval.perplexity(model, text)
-    covering = kveval.perplexity(model, text, model.new_cache("sliding", window=64, sinks=4), chunk=16)
+    full = metrics.perplexity(model, text)
+    covering = metrics.perplexity(model, text, model.new_cache("sliding", window=64, sinks=4), chunk=16)
     assert covering == pytest.approx(full, rel=1e-5)
     rows = kveval.window_perplexities(model, text, [8], sinks=(0, 2))
     assert [(r["window"], r["sinks"]) for r in rows] == [(8, 0), (8, 2)]

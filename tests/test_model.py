@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labkit.gguf_loader import to_half_layout
+from labkit.model.gguf import to_half_layout
 from labkit.model import ModelConfig, Transformer, attention_probs
 
 TINY = dict(vocab_size=97, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, ffn_dim=64, max_seq_len=64)
@@ -149,7 +149,7 @@ def test_bad_input_names_the_numbers():
 
 
 def test_thread_split_matvec_equals_linear(monkeypatch):
-    from labkit import model as M
+    from labkit.model import transformer as M
 
     monkeypatch.setattr(M, "SPLIT_MATVEC", True)
     g = torch.Generator().manual_seed(3)

@@ -7,9 +7,9 @@ from hypothesis import given, settings, strategies as st
 
 from labkit import power
 from labkit.costmodel import estimate
-from labkit.energy import COMPONENTS, awake_power, phase_energy, request_energy
-from labkit.hardware import hardware, precision_for
-from labkit.kvpressure import kv_sweep, max_context, swap_vs_recompute, tokens_that_fit
+from labkit.power import COMPONENTS, awake_power, phase_energy, request_energy
+from labkit.costmodel import hardware, precision_for
+from labkit.power.kvpressure import kv_sweep, max_context, swap_vs_recompute, tokens_that_fit
 
 from tests.costmodel_configs import L2_7B, L2_13B, L2_70B, L32_1B, L32_3B
 

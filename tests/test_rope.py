@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labkit.rope import Rotary, angles, apply_rope, permute_qk_rows, unpermute_qk_rows
+from labkit.model.rope import Rotary, angles, apply_rope, permute_qk_rows, unpermute_qk_rows
 
 D, BASE = 16, 10000.0
 

@@ -9,15 +9,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from labkit.logits_processors import top_k_filter, top_p_filter
-from labkit.sampling import (
-    SamplingParams,
-    build_pipeline,
-    make_generator,
-    process_logits,
-    process_stages,
-    sample_next,
-)
+from labkit.sampling.processors import top_k_filter, top_p_filter
+from labkit.sampling import SamplingParams, build_pipeline, make_generator, process_logits, process_stages, sample_next
 
 P = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
 L = P.log()

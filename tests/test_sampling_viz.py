@@ -9,7 +9,7 @@ import torch
 
 from labkit.exercises import check_repetition_penalty, check_top_p
 from labkit.sampling import process_logits
-from labkit.textstats import distinct_n, repeated_ngram_rate
+from labkit.metrics import distinct_n, repeated_ngram_rate
 from labkit.viz import repetition_rate_figure, sampling_pipeline_figure, sampling_stage_probs
 
 LOGITS = torch.randn(200, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2

@@ -28,7 +28,7 @@ PROMPTS = [
 def hf_model():
     """The transformers model, loaded once. Two pure functions of the file are memoised while it loads
     (the GGUF header parse and the tensor-name table, which transformers otherwise redoes hundreds of times)."""
-    path = labkit.paths.smollm2_gguf_path()
+    path = labkit.data.paths.smollm2_gguf_path()
     readers = {}
 
     def reader(p, *args, **kwargs):

@@ -4,10 +4,11 @@ import re
 
 import pytest
 
-from labkit import corpus, exercises, viz, widgets
-from labkit.bpe_train import get_stats, merge
+from labkit import exercises, viz, widgets
+from labkit.data import corpus
+from labkit.tokenizer.train import get_stats, merge
 from labkit.tokenizer import BPETokenizer
-from labkit.tokenizer_stats import compression, truncate, vocab_sweep
+from labkit.tokenizer.stats import compression, truncate, vocab_sweep
 
 TRAIN = corpus.load_text("val")[:30_000]
 EVAL = "Now are our brows bound with victorious wreaths; our bruised arms hung up for monuments."

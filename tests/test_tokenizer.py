@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit import bpe_encode, pretokenize
-from labkit.pretokenize import GPT2_PATTERN, GPT4_PATTERN, bytes_to_token, bytes_to_unicode, split, token_to_bytes
+from labkit.tokenizer import encode as bpe_encode
+from labkit.tokenizer import pretokenize
+from labkit.tokenizer.pretokenize import GPT2_PATTERN, GPT4_PATTERN, bytes_to_token, bytes_to_unicode, split, token_to_bytes
 from labkit.tokenizer import BPETokenizer
 
 SAMPLE = (

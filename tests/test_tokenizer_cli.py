@@ -3,8 +3,11 @@ import json
 
 import pytest
 
-from labkit import cli, corpus, paths
-from labkit.tokenizer import SHAKESPEARE_BPE, BPETokenizer, get_tokenizer
+from labkit import cli
+from labkit.data import corpus
+from labkit.data import paths
+from labkit.tokenizer import SHAKESPEARE_BPE, get_tokenizer
+from labkit.tokenizer import BPETokenizer
 
 
 def test_tokenize_prints_ids_and_count(capsys):

@@ -1,6 +1,6 @@
 """Token-for-token parity: labkit's BPE against tiktoken (same ranks) and SmolLM2's against Hugging Face `tokenizers`.
 
-The references are built in `labkit.tokenizer_reference`: tiktoken with labkit's
+The references are built in `labkit.tokenizer.reference`: tiktoken with labkit's
 ranks, and a `tokenizers.Tokenizer` from SmolLM2's GGUF vocabulary and merges with
 the pre-tokenizer SmolLM2 was trained with (every digit apart, then GPT-2's
 byte-level regex).
@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit import corpus, paths
-from labkit.tokenizer import BPETokenizer, from_gguf
-from labkit.tokenizer_reference import smollm2_reference, tiktoken_encoding
+from labkit.data import corpus
+from labkit.data import paths
+from labkit.tokenizer import BPETokenizer
+from labkit.tokenizer import from_gguf
+from labkit.tokenizer.reference import smollm2_reference, tiktoken_encoding
 
 tiktoken = pytest.importorskip("tiktoken")
 tokenizers = pytest.importorskip("tokenizers")
@@ -36,7 +38,7 @@ UNICODE = st.lists(st.one_of(PIECES, st.text(st.characters(exclude_categories=("
 
 
 def _code_samples() -> list[str]:
-    return [(ROOT / "labkit" / name).read_text(encoding="utf-8") for name in ("tokenizer.py", "bpe_train.py")]
+    return [(ROOT / "labkit" / name).read_text(encoding="utf-8") for name in ("tokenizer/bpe.py", "tokenizer/train.py")]
 
 
 @pytest.fixture(scope="module")

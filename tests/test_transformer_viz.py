@@ -11,7 +11,7 @@ from labkit.model import ModelConfig
 from labkit.viz.transformer import attention_heatmap, rope_figure, rope_scores
 
 
-@pytest.mark.parametrize("module", ["labkit.config", "labkit.rope", "labkit.ggml_quants", "labkit.model",
+@pytest.mark.parametrize("module", ["labkit.model.config", "labkit.model.rope", "labkit.quant.ggml", "labkit.model.transformer",
                                     "labkit.kvcache", "labkit.kvcache.base", "labkit.kvcache.contiguous",
                                     "labkit.viz.transformer"])
 def test_docstring_examples(module):

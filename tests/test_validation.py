@@ -1,7 +1,7 @@
 """The model against published measurements: every target within its stated tolerance (+/-30 %)."""
 import pytest
 
-from labkit.validation import TARGETS, run_validation, validation_table
+from labkit.power.validation import TARGETS, run_validation, validation_table
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import labkit.viz
 import labkit.widgets
 from labkit import power
 from labkit.costmodel import ridge_tokens
-from labkit.kvpressure import kv_sweep
-from labkit.validation import run_validation
+from labkit.power.kvpressure import kv_sweep
+from labkit.power.validation import run_validation
 from labkit.viz import _spec
 from labkit.viz import power as vp
 from labkit.viz import roofline as vr

@@ -10,7 +10,7 @@ def run(quick: bool = False) -> dict:
     import torch
 
     import labkit
-    from labkit import latency
+    from labkit.generation import latency
 
     try:
         model, tok = labkit.load("smollm2-135m")

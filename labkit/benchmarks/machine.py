@@ -5,7 +5,7 @@ TITLE = "this machine: memory bandwidth and matmul throughput"
 
 
 def run(quick: bool = False) -> dict:
-    from labkit import hwmeasure
+    from labkit.costmodel import measure as hwmeasure
 
     copy_gb_s = hwmeasure.copy_bandwidth_gb_s(seconds=0.5 if quick else 1.0)
     read_gb_s = hwmeasure.read_bandwidth_gb_s(seconds=0.5 if quick else 1.0)

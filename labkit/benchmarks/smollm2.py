@@ -75,7 +75,7 @@ def load_transformers(dtype):
         from transformers import AutoModelForCausalLM
     except ImportError:
         return None
-    from labkit import paths
+    from labkit.data import paths
 
     path = paths.smollm2_gguf_path()
     with _memoised_gguf():
@@ -122,8 +122,8 @@ def bytes_per_token(config, dtype_bytes: int, context: int) -> dict:
 
 
 def _other_split_decode(model, prompt_ids, n_tokens):
-    """labkit with the other choice of `labkit.model.SPLIT_MATVEC` (one-token products split over threads, or not)."""
-    from labkit import model as model_module
+    """labkit with the other choice of `labkit.model.transformer.SPLIT_MATVEC` (one-token products split over threads, or not)."""
+    from labkit.model import transformer as model_module
 
     saved = model_module.SPLIT_MATVEC
     model_module.SPLIT_MATVEC = not _splits(saved)
@@ -169,7 +169,7 @@ def run(quick: bool = False) -> dict:
     import torch
 
     import labkit
-    from labkit import hwmeasure
+    from labkit.costmodel import measure as hwmeasure
 
     n_tokens, rounds = (32, 3) if quick else (64, 9)
     sample_s = 0.2 if quick else 0.4
@@ -190,7 +190,7 @@ def run(quick: bool = False) -> dict:
     if reference is None:
         print("  transformers (+ accelerate) is not installed: measuring labkit only")
     has_bf16, why = native_bf16()
-    from labkit import model as model_module
+    from labkit.model import transformer as model_module
 
     splits = _splits(model_module.SPLIT_MATVEC)
     report = {"threads": torch.get_num_threads(), "load_average": load, "n_tokens": n_tokens,

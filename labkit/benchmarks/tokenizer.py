@@ -13,9 +13,12 @@ def _once(fn):
 
 
 def run(quick: bool = False) -> dict:
-    from labkit import corpus, gguf_tokenizer, paths
+    from labkit.data import corpus
+    from labkit.tokenizer import gguf as gguf_tokenizer
+    from labkit.data import paths
     from labkit.benchmarks._timing import interleaved_medians, median_seconds
-    from labkit.tokenizer import BPETokenizer, from_gguf
+    from labkit.tokenizer.bpe import BPETokenizer
+    from labkit.tokenizer.gguf import from_gguf
 
     results: dict = {}
     train_text, val_text = corpus.load_text("train"), corpus.load_text("val")

@@ -15,7 +15,7 @@ def add_parser(sub):
 
 def run(args, stdin=None, stdout=None) -> int:
     import labkit
-    from labkit.chat import Chat
+    from labkit.generation.chat import Chat
 
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     model, tok = labkit.load(args.model, dtype=args.dtype)

@@ -14,7 +14,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from labkit.tokenizer import get_tokenizer
+    from labkit.tokenizer.named import get_tokenizer
 
     tok = get_tokenizer(args.tokenizer)
     text = sys.stdin.read() if args.text is None else args.text

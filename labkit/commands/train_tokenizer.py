@@ -18,8 +18,10 @@ def add_parser(sub):
 def run(args) -> int:
     from pathlib import Path
 
-    from labkit import corpus, paths
-    from labkit.tokenizer import SHAKESPEARE_BPE, BPETokenizer
+    from labkit.data import corpus
+    from labkit.data import paths
+    from labkit.tokenizer.named import SHAKESPEARE_BPE
+    from labkit.tokenizer.bpe import BPETokenizer
 
     text = Path(args.input).read_text(encoding="utf-8") if args.input else corpus.load_text("train")
     eos = "<|endoftext|>" if "<|endoftext|>" in args.special else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from labkit.exercises._core import check
-from labkit.logits_processors import apply_repetition_penalty, token_counts, top_p_filter
+from labkit.sampling.processors import apply_repetition_penalty, token_counts, top_p_filter
 
 __all__ = ["check_top_p", "check_repetition_penalty"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from labkit.bpe_train import get_stats, merge
+from labkit.tokenizer.train import get_stats, merge
 from labkit.exercises._core import check
 
 __all__ = ["check_get_stats", "check_merge", "check_encode_with_merges"]

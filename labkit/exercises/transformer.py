@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from labkit.config import ModelConfig
+from labkit.model.config import ModelConfig
 from labkit.exercises._core import check
-from labkit.rope import angles, apply_rope
+from labkit.model.rope import angles, apply_rope
 
 __all__ = ["check_rms_norm", "check_rope", "check_gqa_attention", "check_param_count"]
 

@@ -23,7 +23,10 @@ holding committed tokens), `bytes_allocated()` (bytes reserved), `fragmentation(
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -177,3 +180,25 @@ def causal_mask(n_new: int, n_keys: int, device=None) -> torch.Tensor | None:
     if n_new == 1:
         return None
     return torch.ones(n_new, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_new)
+
+
+# ---- the registry of kinds -----------------------------------------------------------
+
+_KIND_MODULES = ("contiguous", "sliding", "paged", "quantized")  # modules whose classes register a kind
+
+
+def kinds() -> list[str]:
+    """The cache kinds available, e.g. ['contiguous', ...]."""
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.name in _KIND_MODULES:
+            importlib.import_module(f"labkit.kvcache.{info.name}")
+    return sorted(KINDS)
+
+
+def new_cache(kind: str, config, **opts) -> KVCache:
+    """Build a cache of `kind` for a model with `config`; `opts` go to that kind's constructor."""
+    if kind not in KINDS:
+        kinds()
+    if kind not in KINDS:
+        raise ValueError(f"unknown cache kind {kind!r}; available kinds: {', '.join(kinds())}")
+    return KINDS[kind](config, **opts)

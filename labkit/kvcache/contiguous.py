@@ -5,7 +5,7 @@ buffers allocated once; token t is written at slot t. Keys are rotated once, at 
 absolute position, when they arrive, and never touched again, so a decode step costs
 one small copy per layer and returns views (no allocation, no re-rotation).
 
-    >>> from labkit.config import ModelConfig
+    >>> from labkit.model import ModelConfig
     >>> cfg = ModelConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=10, ffn_dim=8)
     >>> cache = ContiguousCache(cfg, max_len=4)
     >>> cache.begin(3)

@@ -15,7 +15,7 @@ caching hashes every *full* block together with the hash of the block before it 
 them (`reuse_prefix`). Attention reads through a pure-PyTorch gather of the table's
 blocks, so it runs anywhere.
 
-    >>> from labkit.config import ModelConfig
+    >>> from labkit.model import ModelConfig
     >>> cfg = ModelConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=10, ffn_dim=8)
     >>> cache = PagedCache(cfg, max_len=32, block_size=4)
     >>> cache.begin(6); cache.end()
@@ -286,7 +286,7 @@ class PagedCache(KVCache):
             self._hashes.append(hash_block(parent, ids[i * bs:(i + 1) * bs]))
             self.pool.manager.register(table[i], self._hashes[-1])
 
-    # ---- checkpoints (labkit.checkpoint) ----------------------------------------------
+    # ---- checkpoints (labkit.generation.state) ----------------------------------------------
 
     def options(self) -> dict:
         return {"max_len": self.max_len, "batch_size": self.batch_size, "block_size": self.block_size,

@@ -1,7 +1,7 @@
 """The quantized KV cache: int8 or int4 codes, with a full-precision residual window (KIVI).
 
 Follows Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache"
-(jy-yuan/KIVI, `models/llama_kivi.py`), at 8 and 4 bits (`labkit.kvquant` has the maths):
+(jy-yuan/KIVI, `models/llama_kivi.py`), at 8 and 4 bits (`labkit.kvcache.quantize` has the maths):
 
 - keys (after RoPE) are quantized per channel, in groups of `group_size` tokens: the
   newest keys wait in a full-precision tail until it holds `residual` tokens, then the
@@ -13,7 +13,7 @@ Follows Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for K
 A forward pass attends over the cached (dequantized) tokens plus its own new keys and
 values at full precision; what it stores for later is quantized.
 
-    >>> from labkit.config import ModelConfig
+    >>> from labkit.model import ModelConfig
     >>> cfg = ModelConfig(d_model=64, n_layers=1, n_heads=2, vocab_size=10, ffn_dim=8)   # head_dim 32
     >>> cache = QuantizedCache(cfg, max_len=1024, bits=4, group_size=32, residual=32)
     >>> k = v = torch.randn(1, 2, 1000, 32)                            # [B, n_kv_heads, T, head_dim]
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from labkit.kvcache.base import KVCache, causal_mask
-from labkit.kvquant import SCALE_DTYPE, check_bits, dequantize_keys, dequantize_values, quantize_keys, quantize_values
+from labkit.kvcache.quantize import SCALE_DTYPE, check_bits, dequantize_keys, dequantize_values, quantize_keys, quantize_values
 
 __all__ = ["QuantizedCache"]
 
@@ -150,7 +150,7 @@ class QuantizedCache(KVCache):
                     + (n["kt"] + n["vt"]) * c.head_dim * self.k_tail.element_size())  # full-precision tails
         return c.n_layers * self.batch_size * c.n_kv_heads * per_head
 
-    # ---- checkpoints (labkit.checkpoint) ----------------------------------------------
+    # ---- checkpoints (labkit.generation.state) ----------------------------------------------
 
     def _buffers(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in

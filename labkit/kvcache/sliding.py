@@ -12,7 +12,7 @@ the slot it lands in. So the model never sees a position larger than the window,
 attention depends only on slot offsets. While nothing has been evicted, slots equal
 positions and the cache is exactly the contiguous one.
 
-    >>> from labkit.config import ModelConfig
+    >>> from labkit.model import ModelConfig
     >>> cfg = ModelConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=10, ffn_dim=8)
     >>> cache = SlidingCache(cfg, window=6, sinks=2)
     >>> cache.begin(5); cache.end()                     # 5 tokens: slots 0..4
@@ -158,7 +158,7 @@ class SlidingCache(KVCache):
         c = self.config
         return 2 * c.n_layers * self.batch_size * c.n_kv_heads * c.head_dim * self._len * self.keys.element_size()
 
-    # ---- checkpoints (labkit.checkpoint) ----------------------------------------------
+    # ---- checkpoints (labkit.generation.state) ----------------------------------------------
 
     def options(self) -> dict:
         return {"max_len": self.max_len, "batch_size": self.batch_size, "window": self.window, "sinks": self.sinks}

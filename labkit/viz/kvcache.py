@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from labkit.kvmemory import contiguous_fragmentation, memory_rows, paged_fragmentation, paged_slots
+from labkit.model.config import ModelConfig
+from labkit.kvcache.memory import contiguous_fragmentation, memory_rows, paged_fragmentation, paged_slots
 
 __all__ = ["kv_memory_figure", "cache_speedup_figure", "window_perplexity_figure", "block_size_figure",
            "kv_quant_figure", "sliding_slots_figure"]
@@ -15,8 +16,8 @@ _LAYOUT = dict(height=420, margin=dict(t=70, l=60, r=20, b=50), legend=dict(orie
 
 
 def kv_memory_figure(names, context: int = 4096, bits: float = 16) -> go.Figure:
-    """Cache size at `context` tokens per preset, next to what the same model would need with MHA."""
-    rows = memory_rows(names, context, bits)
+    """Cache size at `context` tokens per preset name, next to what the same model would need with MHA."""
+    rows = memory_rows([ModelConfig.from_name(n) for n in names], context, bits)
     x = [r["model"] for r in rows]
     fig = go.Figure([
         go.Bar(x=x, y=[r["cache_bytes"] / 1e9 for r in rows], name="KV cache (as built)",
@@ -30,9 +31,9 @@ def kv_memory_figure(names, context: int = 4096, bits: float = 16) -> go.Figure:
 
 
 def cache_speedup_figure(rows, level: float = 5.0, predicted=None) -> go.Figure:
-    """Measured speed-up of the KV cache vs generated length (rows of `labkit.latency.speedup_run`),
+    """Measured speed-up of the KV cache vs generated length (rows of `labkit.generation.latency.speedup_run`),
     with the `level` line and, optionally, a `predicted` curve [(new_tokens, speedup), ...]."""
-    from labkit.latency import crossing
+    from labkit.generation.latency import crossing
 
     n = [r["new_tokens"] for r in rows]
     fig = go.Figure(go.Scatter(x=n, y=[r["speedup"] for r in rows], mode="lines+markers", name="measured"))
@@ -48,7 +49,7 @@ def cache_speedup_figure(rows, level: float = 5.0, predicted=None) -> go.Figure:
 
 
 def window_perplexity_figure(rows, full_ppl: float | None = None, window: int | None = None) -> go.Figure:
-    """Perplexity vs window size, one line per sink count (rows of `labkit.kveval.window_perplexities`)."""
+    """Perplexity vs window size, one line per sink count (rows of `labkit.kvcache.evaluate.window_perplexities`)."""
     fig = go.Figure()
     for s in sorted({r["sinks"] for r in rows}):
         pts = sorted((r["window"], r["ppl"]) for r in rows if r["sinks"] == s)
@@ -86,7 +87,7 @@ def block_size_figure(lengths, block_size: int, max_len: int) -> go.Figure:
 
 
 def kv_quant_figure(rows) -> go.Figure:
-    """Memory vs logit error of the quantized caches (rows of `labkit.kveval.quantized_error_rows`)."""
+    """Memory vs logit error of the quantized caches (rows of `labkit.kvcache.evaluate.quantized_error_rows`)."""
     labels = [f"{r['bits']}-bit" + (" (float)" if r["max_abs_err"] == 0 else "") for r in rows]
     fig = go.Figure(go.Scatter(x=[round(r["bytes_used"] / r["float_bytes"], 4) for r in rows],
                                y=[float(f"{max(r['kl'], 1e-7):.2g}") for r in rows],

@@ -9,8 +9,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from labkit.hardware import hardware
-from labkit.kvpressure import kv_sweep, max_context, swap_vs_recompute, tokens_that_fit
+from labkit.costmodel.profiles import hardware
+from labkit.power.kvpressure import kv_sweep, max_context, swap_vs_recompute, tokens_that_fit
 from labkit.viz._spec import build
 
 __all__ = ["power_timeline_figure", "power_timeline_spec", "energy_vs_reply_figure", "energy_vs_reply_spec",
@@ -130,7 +130,7 @@ _DVFS = {"prefill_s": ("prefill time", "#d62728", "dot"), "prefill_j": ("prefill
 
 def dvfs_spec(config, hw, prompt_len: int = 128, context: int = 256, batch: int = 1, weight_bits=16, kv_bits=16,
               act_bits=16, core_mhz=None, mem_mhz=None) -> dict:
-    from labkit.governor import clock_sweep
+    from labkit.power.governor import clock_sweep
 
     hw = hardware(hw)
     traces = []

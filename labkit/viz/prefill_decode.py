@@ -1,6 +1,6 @@
 """Figures of chapter 03, the measured half: TTFT vs prompt length, ITL vs position, one reply's time.
 
-The inputs are measurements of this machine (`labkit.latency`): rows of `ttft_sweep`
+The inputs are measurements of this machine (`labkit.generation.latency`): rows of `ttft_sweep`
 and `itl_sweep`.
 
     >>> fig = ttft_itl_figure(ttft_rows, itl_rows)                      # doctest: +SKIP
@@ -11,7 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from labkit.latency import reply_estimate
+from labkit.generation.latency import reply_estimate
 
 __all__ = ["ttft_itl_figure", "reply_time_figure"]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from labkit.costmodel import ridge_tokens
-from labkit.hardware import hardware, precision_for
-from labkit.roofline import phase_time
+from labkit.costmodel.estimator import ridge_tokens
+from labkit.costmodel.profiles import hardware, precision_for
+from labkit.costmodel.roofline import phase_time
 from labkit.viz._spec import build
-from labkit.workload import decode_work, prefill_work
+from labkit.costmodel.workload import decode_work, prefill_work
 
 __all__ = ["roofline_figure", "roofline_spec", "ridge_figure", "ridge_spec", "prefill_share_grid", "prefill_share_figure", "WORKLOADS",
            "machine_check_figure"]
@@ -139,7 +139,7 @@ def prefill_share_figure(config, hw, batch: int = 1, **settings) -> go.Figure:
 
 
 def machine_check_figure(result: dict) -> go.Figure:
-    """Measured vs modelled decode step time on this machine (from `labkit.machinecheck.compare`)."""
+    """Measured vs modelled decode step time on this machine (from `labkit.benchmarks.machinecheck.compare`)."""
     steps = np.arange(1, len(result["measured_step_s"]) + 1)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=steps, y=np.asarray(result["measured_step_s"]) * 1e3, mode="markers", name="measured",

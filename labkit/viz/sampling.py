@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from labkit.sampling import ORDERS, SamplingParams, process_stages
+from labkit.sampling.pipeline import ORDERS, SamplingParams, process_stages
 
 __all__ = ["StageProbs", "sampling_stage_probs", "sampling_pipeline_figure", "token_label", "repetition_rate_figure"]
 

@@ -1,6 +1,6 @@
 """Figures for chapter 02 (the forward pass): RoPE, attention heat maps, where parameters go.
 
-RoPE follows Su et al. 2021 (RoFormer); see `labkit.rope`.
+RoPE follows Su et al. 2021 (RoFormer); see `labkit.model.rope`.
 
     >>> fig = rope_figure(position=10, freq_index=0)
     >>> len(fig.data)
@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from labkit.rope import angles
+from labkit.model.rope import angles
 
 __all__ = ["rope_figure", "rope_scores", "attention_heatmap", "param_breakdown_figure"]
 
@@ -30,7 +30,7 @@ def rope_scores(query_pos: int, offsets, head_dim: int = 64, base: float = 10000
     The same random q and k are used for every call (seeded), so the curves for two query
     positions can be compared: they coincide, because the score depends only on the offset.
     """
-    from labkit.rope import apply_rope
+    from labkit.model.rope import apply_rope
 
     g = torch.Generator().manual_seed(seed)
     q, k = torch.randn(2, head_dim, generator=g, dtype=torch.float64)

@@ -23,7 +23,7 @@ def kv_memory_calculator(names=None, context: int = 4096, bits: int = 16):
     """Context and bit-width sliders over the presets' KV cache size (`labkit.viz.kv_memory_figure`)."""
     import ipywidgets as widgets
 
-    from labkit.config import PRESETS
+    from labkit.model.config import PRESETS
     from labkit.viz.kvcache import kv_memory_figure
 
     names = list(names or PRESETS)
@@ -45,12 +45,12 @@ def block_size_explorer(lengths, max_len: int = 2048, block_size: int = 16):
 def window_explorer(model, ids, rows, full_ppl: float, window: int = 128, sinks=(0, 4)):
     """Window slider; each new window's perplexity is measured on release (`labkit.viz.window_perplexity_figure`).
 
-    `rows` (from `labkit.kveval.window_perplexities`) are the points measured so far; new
+    `rows` (from `labkit.kvcache.evaluate.window_perplexities`) are the points measured so far; new
     ones are added to it.
     """
     import ipywidgets as widgets
 
-    from labkit.kveval import window_perplexities
+    from labkit.kvcache.evaluate import window_perplexities
     from labkit.viz.kvcache import window_perplexity_figure
 
     w = widgets.SelectionSlider(options=[16, 32, 64, 128, 256, 512], value=window, description="window",

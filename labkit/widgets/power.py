@@ -16,20 +16,20 @@ def _options(values, value) -> list:
 
 
 def hardware_names(include_this_machine: bool = False) -> list[str]:
-    from labkit.hardware import HARDWARE
+    from labkit.costmodel.profiles import HARDWARE
 
     return [k for k in HARDWARE if include_this_machine or k != "this-machine"]
 
 
 def model_names() -> list[str]:
-    from labkit.config import PRESETS
+    from labkit.model.config import PRESETS
 
     return list(PRESETS)
 
 
 def _npu_bits(hw_key: str) -> dict:
     """Phones and NPUs run INT8 activations; everything else fp16 activations."""
-    from labkit.hardware import hardware
+    from labkit.costmodel.profiles import hardware
 
     hw = hardware(hw_key)
     return {"act_bits": 8} if hw.kind == "phone" or "npu" in hw.name.lower() else {"act_bits": 16}
@@ -69,7 +69,7 @@ def power_timeline(config: str = "llama-3.2-3b", hw: str = "phone-sd8gen3", prom
     import plotly.graph_objects as go
 
     from labkit import power
-    from labkit.hardware import hardware
+    from labkit.costmodel.profiles import hardware
     from labkit.viz import _spec
     from labkit.viz.power import power_timeline_figure, power_timeline_spec
 
@@ -118,7 +118,7 @@ def energy_vs_reply(config: str = "llama-3.2-3b", hw: str = "phone-sd8gen3", pro
     import plotly.graph_objects as go
 
     from labkit import power
-    from labkit.hardware import hardware
+    from labkit.costmodel.profiles import hardware
     from labkit.viz import _spec
     from labkit.viz.power import energy_vs_reply_figure, energy_vs_reply_spec
 
@@ -148,7 +148,7 @@ def kv_placement(config: str = "llama-3.2-3b", hw: str = "phone-sd8gen3"):
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
-    from labkit.hardware import hardware
+    from labkit.costmodel.profiles import hardware
     from labkit.viz import _spec
     from labkit.viz.power import kv_placement_figure, kv_placement_spec
 
@@ -177,7 +177,7 @@ def dvfs_explorer(config: str = "llama-3.2-3b", hw: str = "phone-sd8gen3"):
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
-    from labkit.hardware import hardware
+    from labkit.costmodel.profiles import hardware
     from labkit.viz import _spec
     from labkit.viz.power import dvfs_figure, dvfs_spec
 
@@ -205,7 +205,7 @@ def swap_explorer(config: str = "llama-2-7b", hw: str = "phone-sd8gen3"):
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
-    from labkit.hardware import hardware
+    from labkit.costmodel.profiles import hardware
     from labkit.viz import _spec
     from labkit.viz.power import swap_recompute_figure, swap_recompute_spec
 

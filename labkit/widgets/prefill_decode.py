@@ -26,7 +26,7 @@ def reply_time_explorer(ttft_rows, itl_rows, model=None, prompt_len: int = 256, 
 
     def measure(_=None):
         import labkit
-        from labkit.latency import filler_ids
+        from labkit.generation.latency import filler_ids
 
         button.disabled, button.description = True, "measuring..."
         start = time.perf_counter()

@@ -16,7 +16,7 @@ def roofline_explorer(config: str = "llama-2-7b", hw: str = "h100-sxm", prompt_l
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
-    from labkit.costmodel import diagnose, estimate
+    from labkit.costmodel.estimator import diagnose, estimate
     from labkit.viz import _spec
     from labkit.viz.roofline import ridge_figure, ridge_spec, roofline_figure, roofline_spec
     from labkit.widgets.power import _box, _guard, _options, hardware_names, model_names

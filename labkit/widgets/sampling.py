@@ -12,7 +12,7 @@ def sampling_pipeline(logits, tok=None, history=None, top_n: int = 15, **start):
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
-    from labkit.sampling import SamplingParams
+    from labkit.sampling.pipeline import SamplingParams
     from labkit.viz.sampling import sampling_pipeline_figure
 
     init = SamplingParams.from_kwargs(**{"temperature": 1.0, **start})

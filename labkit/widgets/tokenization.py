@@ -33,7 +33,7 @@ def vocab_size_explorer(sweep, sample: str = "To be, or not to be, that is the q
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
-    from labkit.tokenizer_stats import truncate
+    from labkit.tokenizer.stats import truncate
     from labkit.viz.tokenization import token_boundaries_html, vocab_size_figure
 
     sizes = sweep.vocab_sizes

@@ -15,7 +15,7 @@ def decode_speed(bandwidth_gb_s: float | None = None):
     from labkit.viz.welcome import MODEL_SIZES, WEIGHT_FORMATS, decode_speed_figure
 
     if bandwidth_gb_s is None:
-        from labkit.hwmeasure import read_bandwidth_gb_s
+        from labkit.costmodel.measure import read_bandwidth_gb_s
 
         bandwidth_gb_s = read_bandwidth_gb_s(seconds=0.5)
     size = widgets.SelectionSlider(options=list(MODEL_SIZES), value="135M", description="model size")

@@ -1,0 +1,229 @@
+"""Measured on this machine: TTFT vs prompt length, ITL vs position, the KV cache's speed-up.
+
+The metric names follow vLLM's `benchmarks/serve.py`: TTFT is the time to the first
+token (here: the prefill, which produces it), ITL the gap between consecutive tokens
+(one decode step). The speed-up compares greedy generation with a KV cache against
+generation without one, where every step runs the whole sequence again (what the
+articles call O(n²)): both produce the same tokens, and the cumulative time of each
+after n tokens gives the speed-up at every length from one run. Timings are medians of
+runs interleaved side by side, so machine noise hits both alike.
+
+    >>> model, tok = labkit.load("smollm2-135m")                    # doctest: +SKIP
+    >>> ttft_sweep(model, [16, 64, 256])                            # doctest: +SKIP
+    [{'prompt_len': 16, 'ttft_s': 0.05}, ...]
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+__all__ = ["filler_ids", "ttft_sweep", "itl_sweep", "generate_without_cache", "generate_with_cache",
+           "speedup_run", "predict_speedup", "crossing", "interpolate", "reply_estimate"]
+
+
+def filler_ids(n: int, vocab_size: int, seed: int = 0) -> list[int]:
+    """`n` random token ids (timing does not depend on what the tokens say)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(min(100, vocab_size // 2), vocab_size, (n,), generator=g).tolist()
+
+
+def _check_lengths(name: str, values) -> list[int]:
+    values = list(values)
+    if not values or any(not isinstance(v, int) or v < 1 for v in values):
+        raise ValueError(f"{name} must be a non-empty list of positive integers, got {values!r}")
+    return values
+
+
+@torch.inference_mode()
+def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
+    """Median prefill time (the TTFT without tokenizing) for each prompt length."""
+    from labkit.generation.stages import prefill
+
+    prompt_lens = _check_lengths("prompt_lens", prompt_lens)
+    prefill(model, filler_ids(8, model.config.vocab_size), max_len=8)  # warm-up
+    times: dict[int, list[float]] = {p: [] for p in prompt_lens}
+    for r in range(repeat):
+        for p in prompt_lens:  # interleaved: every length sees the same machine
+            ids = filler_ids(p, model.config.vocab_size, seed=r)
+            start = time.perf_counter()
+            state = prefill(model, ids, max_len=p + 1)
+            int(state.logits.argmax())  # the first token
+            times[p].append(time.perf_counter() - start)
+    return [{"prompt_len": p, "ttft_s": statistics.median(times[p])} for p in prompt_lens]
+
+
+@torch.inference_mode()
+def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts) -> list[dict]:
+    """Median decode-step time (the ITL) at each position.
+
+    Prefills `position` random tokens for every position first, then times `steps` steps
+    round-robin across them, so every position sees the same machine. `cache` is a kind
+    name (with `cache_opts`), or a list of kinds to compare at one position each
+    (rows then carry a "cache" key too).
+    """
+    from labkit.generation.stages import prefill
+
+    positions = _check_lengths("positions", positions)
+    kinds = cache if isinstance(cache, (list, tuple)) else [cache]
+    runs = []  # (position, kind, cache, next token)
+    for kind in kinds:
+        for p in positions:
+            kv = model.new_cache(kind, max_len=p + steps + 2, **cache_opts)
+            state = prefill(model, filler_ids(p, model.config.vocab_size), cache=kv)
+            token = torch.tensor([[int(state.logits.argmax())]])
+            model(token, cache=state.cache)  # warm-up step
+            runs.append([p, kind, state.cache, token])
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(steps):
+        for run, t in zip(runs, times):
+            start = time.perf_counter()
+            logits = model(run[3], cache=run[2], last_only=True)
+            run[3] = logits[:, -1].argmax(-1, keepdim=True)
+            t.append(time.perf_counter() - start)
+    rows = [{"position": p, "itl_s": statistics.median(t)} for (p, *_), t in zip(runs, times)]
+    if isinstance(cache, (list, tuple)):
+        for row, run in zip(rows, runs):
+            row["cache"] = run[1]
+    return rows
+
+
+@torch.inference_mode()
+def generate_without_cache(model, ids, n: int, times: list | None = None) -> list[int]:
+    """Greedy: each of the `n` steps runs the *whole* sequence through the model again.
+
+    `times`, if given, receives the cumulative seconds after each token.
+    """
+    x = torch.tensor([list(ids)])
+    out, start = [], time.perf_counter()
+    for _ in range(n):
+        token = int(model(x, last_only=True)[0, -1].argmax())
+        out.append(token)
+        x = torch.cat([x, torch.tensor([[token]])], dim=1)
+        if times is not None:
+            times.append(time.perf_counter() - start)
+    return out
+
+
+@torch.inference_mode()
+def generate_with_cache(model, ids, n: int, cache="contiguous", times: list | None = None) -> list[int]:
+    """Greedy with a KV cache: one prefill, then one token per step (same tokens as without)."""
+    ids = list(ids)
+    if isinstance(cache, str):
+        cache = model.new_cache(kind=cache, max_len=len(ids) + n)
+    start = time.perf_counter()
+    logits = model(torch.tensor([ids]), cache=cache, last_only=True)
+    out = []
+    for i in range(n):
+        token = int(logits[0, -1].argmax())
+        out.append(token)
+        if times is not None:
+            times.append(time.perf_counter() - start)
+        if i + 1 < n:
+            logits = model(torch.tensor([[token]]), cache=cache)
+    return out
+
+
+def speedup_run(model, ids, n: int, repeat: int = 1) -> list[dict]:
+    """Generate `n` tokens with and without a cache (`repeat` times, interleaved); for every
+    length 1..n: median cumulative seconds of each and the speed-up."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    generate_with_cache(model, ids, 2)  # warm-up
+    with_runs, without_runs = [], []
+    for _ in range(repeat):
+        t_with, t_without = [], []
+        a = generate_with_cache(model, ids, n, times=t_with)
+        b = generate_without_cache(model, ids, n, times=t_without)
+        if a != b:  # float32: the same greedy tokens, or the comparison is meaningless
+            raise RuntimeError(f"cached and uncached greedy tokens differ at step {next(i for i in range(n) if a[i] != b[i])}")
+        with_runs.append(t_with)
+        without_runs.append(t_without)
+    rows = []
+    for i in range(n):
+        cached = statistics.median(r[i] for r in with_runs)
+        uncached = statistics.median(r[i] for r in without_runs)
+        rows.append({"new_tokens": i + 1, "cached_s": cached, "uncached_s": uncached, "speedup": uncached / cached})
+    return rows
+
+
+def _line(xs, ys) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys against xs."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return my - slope * mx, slope
+
+
+def predict_speedup(rows: list[dict], prompt_len: int, lengths, pass_rows=None) -> list[tuple[int, float]]:
+    """Extend a measured `speedup_run` to longer replies: a cached step costs the run's median
+    step (decode time barely moves with the position at these lengths), an uncached step is
+    a line in the sequence length fitted to the run; the first token (the prefill) keeps its
+    measured time. `pass_rows` (rows of `ttft_sweep`: one uncached pass
+    over `prompt_len` tokens) anchor the uncached fit at long lengths, where a short run's
+    noise would otherwise decide the slope. Returns [(new_tokens, predicted speed-up)].
+    """
+    if len(rows) < 3:
+        raise ValueError(f"need at least 3 measured lengths to fit step costs, got {len(rows)}")
+    seq = [prompt_len + i for i in range(1, len(rows))]
+    steps = [b["uncached_s"] - a["uncached_s"] for a, b in zip(rows, rows[1:])]
+    extra = [(r["prompt_len"], r["ttft_s"]) for r in (pass_rows or [])]
+    uncached = _line(seq + [x for x, _ in extra], steps + [y for _, y in extra])
+    step_with = statistics.median(b["cached_s"] - a["cached_s"] for a, b in zip(rows, rows[1:]))  # ~flat in position
+    out = []
+    for n in lengths:
+        positions = [prompt_len + i for i in range(1, n)]
+        t_without = rows[0]["uncached_s"] + sum(max(0.0, uncached[0] + uncached[1] * t) for t in positions)
+        out.append((n, t_without / (rows[0]["cached_s"] + step_with * (n - 1))))
+    return out
+
+
+def crossing(rows: list[dict], x: str, y: str, level: float) -> float | None:
+    """The first x at which y reaches `level`, linearly interpolated (None if it never does).
+
+    >>> crossing([{"n": 1, "s": 1.0}, {"n": 3, "s": 5.0}, {"n": 5, "s": 9.0}], "n", "s", 3.0)
+    2.0
+    """
+    for a, b in zip(rows, rows[1:]):
+        if a[y] < level <= b[y]:
+            return a[x] + (level - a[y]) * (b[x] - a[x]) / (b[y] - a[y])
+    if rows and rows[0][y] >= level:
+        return float(rows[0][x])
+    return None
+
+
+def interpolate(points, x: float) -> float:
+    """Piecewise-linear through sorted (x, y) `points`, extended linearly past both ends.
+
+    >>> interpolate([(0, 0.0), (10, 1.0), (20, 3.0)], 30)
+    5.0
+    """
+    points = sorted(points)
+    if len(points) == 1:
+        return float(points[0][1])
+    i = next((k for k in range(1, len(points) - 1) if x < points[k][0]), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def reply_estimate(ttft_rows, itl_rows, prompt_len: int, reply_len: int) -> dict:
+    """Time of one reply from measured sweeps: the TTFT at `prompt_len`, then `reply_len` − 1
+    decode steps at positions prompt_len + 1, ... (the first token comes out of the prefill).
+
+    >>> est = reply_estimate([{"prompt_len": 10, "ttft_s": 0.1}, {"prompt_len": 110, "ttft_s": 1.1}],
+    ...                      [{"position": 0, "itl_s": 0.05}, {"position": 1000, "itl_s": 0.05}], 60, 11)
+    >>> round(est["ttft_s"], 3), round(est["decode_s"], 3), round(est["prefill_share"], 3)
+    (0.6, 0.5, 0.545)
+    """
+    for name, value in (("prompt_len", prompt_len), ("reply_len", reply_len)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    ttft = max(0.0, interpolate([(r["prompt_len"], r["ttft_s"]) for r in ttft_rows], prompt_len))
+    itl_points = [(r["position"], r["itl_s"]) for r in itl_rows]
+    steps = [max(0.0, interpolate(itl_points, prompt_len + i)) for i in range(1, reply_len)]
+    decode_s = sum(steps)
+    total = ttft + decode_s
+    return {"ttft_s": ttft, "decode_s": decode_s, "total_s": total, "prefill_share": ttft / total if total else 0.0,
+            "itl_s": decode_s / len(steps) if steps else 0.0, "steps_s": steps}

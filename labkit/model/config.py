@@ -1,0 +1,143 @@
+"""`ModelConfig`: the shape of a Llama-architecture transformer, and named presets.
+
+The presets follow the published configs (Meta's Llama 2 / Llama 3 / Llama 3.2 model
+cards and `config.json` files, HuggingFaceTB's SmolLM2-135M-Instruct); the table
+mirrors gpt-fast's `transformer_configs`. They feed the calculators (KV cache bytes,
+parameter counts, FLOPs); `labkit.load` builds the config of a real model from its file.
+
+    >>> cfg = ModelConfig.from_name("llama-2-13b")
+    >>> cfg.kv_bytes_per_token(bytes_per_value=2)      # K and V, 40 layers, 40 heads of 128, fp16
+    819200
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+ROPE_LAYOUTS = ("interleaved", "half")
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of a Llama-architecture decoder.
+
+    `rope_layout` says how the Q/K weights pair up dimensions for the rotation:
+    "interleaved" rotates (x0, x1), (x2, x3), ... (Meta's checkpoints, GGUF files);
+    "half" rotates (x_i, x_{i+d/2}) (Hugging Face checkpoints). It must match the weights.
+    """
+
+    name: str = "custom"
+    vocab_size: int = 32000
+    d_model: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int | None = None  # None: same as n_heads (multi-head attention)
+    head_dim: int | None = None  # None: d_model // n_heads
+    ffn_dim: int = 11008  # width of the SwiGLU hidden layer
+    rope_base: float = 10000.0
+    rope_layout: str = "half"
+    norm_eps: float = 1e-5
+    max_seq_len: int = 4096  # the context window
+    tie_embeddings: bool = False  # LM head shares the token-embedding matrix
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads must be a multiple of n_kv_heads, got {self.n_heads} and {self.n_kv_heads}")
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"d_model must be a multiple of n_heads when head_dim is not given, got {self.d_model} and {self.n_heads}")
+            self.head_dim = self.d_model // self.n_heads
+        if not isinstance(self.head_dim, int) or self.head_dim < 2 or self.head_dim % 2:
+            raise ValueError(f"head_dim must be an even integer >= 2 (RoPE rotates pairs), got {self.head_dim!r}")
+        if self.rope_layout not in ROPE_LAYOUTS:
+            raise ValueError(f"rope_layout must be one of {ROPE_LAYOUTS}, got {self.rope_layout!r}")
+        if not self.rope_base > 1:
+            raise ValueError(f"rope_base must be > 1, got {self.rope_base}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA): 9 / 3 = 3 for SmolLM2."""
+        return self.n_heads // self.n_kv_heads
+
+    def replace(self, **changes) -> "ModelConfig":
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelConfig":
+        """A preset: `ModelConfig.from_name("smollm2-135m")`. See `PRESETS` for the names."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+        return cls(name=name, **PRESETS[name])
+
+    # ---- sizes, from the shapes alone -------------------------------------------------
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameters by part: embedding, attention, mlp, norms, lm_head (0 when tied)."""
+        d, hd = self.d_model, self.head_dim
+        q_out, kv_out = self.n_heads * hd, self.n_kv_heads * hd
+        attention = d * q_out + 2 * d * kv_out + q_out * d  # Wq, Wk, Wv, Wo
+        mlp = 3 * d * self.ffn_dim  # gate, up, down
+        return {
+            "embedding": self.vocab_size * d,
+            "attention": self.n_layers * attention,
+            "mlp": self.n_layers * mlp,
+            "norms": (2 * self.n_layers + 1) * d,
+            "lm_head": 0 if self.tie_embeddings else self.vocab_size * d,
+        }
+
+    def n_params(self) -> int:
+        """Total distinct parameters (a tied LM head is counted once)."""
+        return sum(self.param_counts().values())
+
+    def matmul_params(self) -> int:
+        """Weights that multiply every token's activations: all linears plus the LM head.
+
+        This is what one decode step reads (the embedding row lookup reads only one row).
+        """
+        counts = self.param_counts()
+        return counts["attention"] + counts["mlp"] + self.vocab_size * self.d_model
+
+    def flops_per_token(self, context_len: int = 0) -> int:
+        """Forward FLOPs for one token that attends to `context_len` earlier tokens.
+
+        2 FLOPs (multiply + add) per weight of every matmul, plus attention's
+        `q·k` and `p·v`: 2 · 2 · n_layers · n_heads · head_dim per attended token.
+        Norms, RoPE and softmax are left out (a fraction of a percent).
+        """
+        attend = context_len + 1
+        return 2 * self.matmul_params() + 4 * self.n_layers * self.n_heads * self.head_dim * attend
+
+    def kv_bytes_per_token(self, bytes_per_value: float = 2) -> float:
+        """KV cache bytes per token: 2 (K and V) · n_layers · n_kv_heads · head_dim · bytes."""
+        values = 2 * self.n_layers * self.n_kv_heads * self.head_dim
+        return values * bytes_per_value
+
+
+PRESETS: dict[str, dict] = {
+    "llama-2-7b": dict(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008,
+                       rope_base=10000.0, max_seq_len=4096),
+    "llama-2-13b": dict(vocab_size=32000, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_dim=13824,
+                        rope_base=10000.0, max_seq_len=4096),
+    "llama-2-70b": dict(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672,
+                        rope_base=10000.0, max_seq_len=4096),
+    "llama-3-8b": dict(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+                       rope_base=500000.0, max_seq_len=8192),
+    # Llama 3.2 stretches RoPE for its 128k context ("llama3" rope scaling); the presets keep
+    # the shapes, which is what the calculators need, and leave the frequency scaling out.
+    "llama-3.2-1b": dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
+                         ffn_dim=8192, rope_base=500000.0, max_seq_len=131072, tie_embeddings=True),
+    "llama-3.2-3b": dict(vocab_size=128256, d_model=3072, n_layers=28, n_heads=24, n_kv_heads=8, head_dim=128,
+                         ffn_dim=8192, rope_base=500000.0, max_seq_len=131072, tie_embeddings=True),
+    # the GGUF file stores Q/K in the interleaved layout (see labkit.model.rope)
+    "smollm2-135m": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
+                         rope_base=100000.0, rope_layout="interleaved", max_seq_len=8192, tie_embeddings=True),
+}
