@@ -24,22 +24,22 @@ def prompt_ids(prompt_len: int, vocab_size: int) -> list[int]:
 
 def measure(model, prompt_len: int = 64, n_tokens: int = 16, repeats: int = 2) -> dict:
     """Median prefill time and median time of each decode step over `repeats` runs (after a warm-up)."""
-    import labkit
+    from labkit.generation import decode, prefill
 
     if not (isinstance(repeats, int) and repeats >= 1):
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     ids = prompt_ids(prompt_len, model.config.vocab_size)
-    state = labkit.prefill(model, ids[:8], max_len=8 + 4)
-    labkit.decode(model, state, 2)
+    state = prefill(model, ids[:8], max_len=8 + 4)
+    decode(model, state, 2)
     prefills, steps = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        state = labkit.prefill(model, ids, max_len=prompt_len + n_tokens + 1)
+        state = prefill(model, ids, max_len=prompt_len + n_tokens + 1)
         prefills.append(time.perf_counter() - start)
         run = []
         for _ in range(n_tokens):
             start = time.perf_counter()
-            labkit.decode(model, state, 1)
+            decode(model, state, 1)
             run.append(time.perf_counter() - start)
         steps.append(run)
     return {"prefill_s": statistics.median(prefills), "step_s": np.median(np.array(steps), axis=0)}
@@ -53,9 +53,9 @@ def compare(model=None, prompt_len: int = 64, n_tokens: int = 16, hw=None, repea
     from labkit.costmodel.profiles import hardware, this_machine
 
     if model is None:
-        import labkit
+        from labkit.registry import load
 
-        model, _ = labkit.load("smollm2-135m")
+        model, _ = load("smollm2-135m")
     hw = this_machine() if hw is None else hardware(hw)
     bits = 8 * next(model.parameters()).element_size()
     measured = measure(model, prompt_len, n_tokens, repeats)

@@ -52,13 +52,20 @@ class GenerationOutput:
 
 
 def _prompt_ids(tok, prompt, chat: bool | None) -> list[int]:
-    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+    if isinstance(prompt, torch.Tensor):
+        prompt = prompt.reshape(-1).tolist()
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        if chat:
+            raise ValueError("chat=True needs a str or chat messages; token ids go to the model as they are")
+        return list(prompt)  # token ids: no chat template
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         text = tok.apply_chat_template(list(prompt))
     elif isinstance(prompt, str):
         use_chat = getattr(tok, "chat_template", None) is not None if chat is None else chat
         text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if use_chat else prompt
     else:
-        raise TypeError(f"prompt must be a str or a list of chat messages, got {type(prompt).__name__}")
+        raise TypeError(f"prompt must be a str, a list of chat messages ({{'role': ..., 'content': ...}}) or a "
+                        f"non-empty list of token ids, got {type(prompt).__name__} {str(prompt)[:60]}")
     return tok.encode(text)
 
 
@@ -79,6 +86,8 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params):
     budget = min(max_new_tokens, ctx - len(prompt_ids))
     if isinstance(cache, str):
         cache = model.new_cache(kind=cache, max_len=len(prompt_ids) + budget)
+    elif cache is not None and not hasattr(cache, "begin"):
+        raise TypeError(f"cache must be a cache kind name, a KV cache or None (no cache), got {type(cache).__name__}")
     stages = [("tokenize", 0.0, t_tok)]
     state = prefill(model, prompt_ids, cache=cache, seed=seed)
     pick = _sampler(state, params)
@@ -133,12 +142,14 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params):
 def generate(model, tok, prompt, max_new_tokens: int = 64, seed: int | None = 0, *, stop=None,
              cache="contiguous", chat: bool | None = None, params: SamplingParams | None = None,
              **sampling) -> GenerationOutput:
-    """Generate a reply to `prompt` (a str, or a list of chat messages) and time every stage.
+    """Generate a reply to `prompt` (a str, a list of chat messages, or token ids) and time every stage.
 
     `chat=None` wraps a str prompt in the tokenizer's chat template when it has one.
     Sampling keywords (temperature=0 is greedy, the default; top_k, top_p, min_p,
     repetition_penalty, ...) go to `labkit.sampling.SamplingParams`. `stop`: stop strings
-    (the reply is cut before them). `cache`: a KV cache kind or object.
+    (the reply is cut before them). `cache`: a KV cache kind, a cache object, or None
+    (no KV cache: each step recomputes the whole sequence). Token ids are used as they
+    are, with no chat template.
     """
     out = None
     for kind, value in _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, _params(params, sampling)):

@@ -40,13 +40,17 @@ def _params(params: SamplingParams | None, kwargs: dict) -> SamplingParams:
 def prefill(model, ids, cache="contiguous", max_len: int | None = None, seed: int | None = 0) -> PrefillState:
     """Stage 1: run the prompt `ids` through the model, filling a KV cache.
 
-    `cache` is a kind name (a new cache of `max_len` slots, default prompt + 512) or a
-    cache object. A cache may ask for the prompt in pieces (`cache.plan_chunks`: a
+    `cache` is a kind name (a new cache of `max_len` slots, default prompt + 512), a
+    cache object, or None: no KV cache, so every decode step runs the whole sequence
+    again (the cost chapter 04 measures). A cache may ask for the prompt in pieces (`cache.plan_chunks`: a
     sliding window longer prompts than it holds) or reuse cached prefix blocks
     (`cache.reuse_prefix`: the paged cache). Returns the `PrefillState` that `decode`
     continues from.
     """
     x = _as_ids(ids)
+    if cache is None:  # no KV cache: every decode step runs the whole sequence again
+        logits = model(x.to(model.device), last_only=True)[0, -1].float()
+        return _state(model, None, x.shape[1], logits, x[0].tolist(), seed)
     if isinstance(cache, str):
         if max_len is None:
             max_len = min(model.config.max_seq_len, x.shape[1] + DEFAULT_HEADROOM)
@@ -59,9 +63,12 @@ def prefill(model, ids, cache="contiguous", max_len: int | None = None, seed: in
         start += n
     if prefix:
         cache.register_prefix(x[0].tolist())
-    logits = logits[0, -1].float()  # [vocab_size]
+    return _state(model, cache, cache.seq_len, logits[0, -1].float(), x[0].tolist(), seed)
+
+
+def _state(model, cache, position: int, logits: torch.Tensor, history: list[int], seed) -> PrefillState:
     generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
-    return PrefillState(cache=cache, position=cache.seq_len, logits=logits, history=x[0].tolist(),
+    return PrefillState(cache=cache, position=position, logits=logits, history=history,
                         rng_state=None if generator is None else generator.get_state(), seed=seed,
                         model_info=model_info(model))
 
@@ -70,7 +77,7 @@ def _check_state(state) -> None:
     if not isinstance(state, PrefillState):
         raise TypeError("decode needs the PrefillState returned by labkit.prefill(model, ids): the KV cache "
                         f"that prefill builds is what every decode step reads (got {type(state).__name__})")
-    if state.cache is None or state.cache.seq_len == 0 or state.logits is None:
+    if state.logits is None or not state.history or (state.cache is not None and state.cache.seq_len == 0):
         raise ValueError("this PrefillState holds no prompt (empty KV cache): run labkit.prefill(model, ids) first")
 
 
@@ -98,6 +105,11 @@ def _sampler(state: PrefillState, params: SamplingParams):
 
 def _step(model, state: PrefillState, token: int) -> None:
     """Feed one token: the cache grows by one, `state.logits` becomes the next distribution."""
+    if state.cache is None:  # recompute: the whole sequence (history ends with `token`) in one pass
+        x = torch.tensor([state.history], device=model.device)
+        state.logits = model(x, last_only=True)[0, -1].float()
+        state.position = len(state.history)
+        return
     x = torch.tensor([[token]], device=model.device)
     state.logits = model(x, cache=state.cache)[0, -1].float()
     state.position = state.cache.seq_len

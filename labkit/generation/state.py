@@ -134,13 +134,22 @@ def describe(path: str | Path) -> dict:
     """The JSON header of a saved state: model, cache kind and options, position, seed."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no saved PrefillState at {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as exc:  # safetensors raises its own SafetensorError for a bad header
+        raise ValueError(f"{path} is not a saved labkit PrefillState (not a safetensors file: {exc})") from None
     if "labkit" not in meta:
         raise ValueError(f"{path} is not a labkit PrefillState file (no 'labkit' header)")
-    header = json.loads(meta["labkit"])
-    if header.get("format") != FORMAT:
-        raise ValueError(f"{path}: unknown format {header.get('format')!r}, expected {FORMAT!r}")
+    try:
+        header = json.loads(meta["labkit"])
+    except json.JSONDecodeError:
+        raise ValueError(f"{path} is not a saved labkit PrefillState (its 'labkit' header is not JSON)") from None
+    found = header.get("format") if isinstance(header, dict) else header
+    if found != FORMAT:
+        raise ValueError(f"{path}: unknown format {found!r}, expected {FORMAT!r}")
     return header
 
 

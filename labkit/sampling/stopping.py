@@ -34,10 +34,13 @@ class StopStrings:
             stops = []
         if isinstance(stops, str):
             stops = [stops]
+        if not isinstance(stops, (list, tuple, set, frozenset)):
+            raise TypeError(f"stop must be a str, a list of str or None, got {type(stops).__name__} {stops!r} "
+                            "(to stop on a token id, pass eos_id to labkit.decode)")
         stops = list(stops)
         for s in stops:
             if not isinstance(s, str):
-                raise TypeError(f"stop strings must be str, got {type(s).__name__}")
+                raise TypeError(f"stop strings must be str, got {type(s).__name__} {s!r} in stop={stops!r}")
             if s == "":
                 raise ValueError("stop strings must be non-empty, got ''")
         self.stops = stops
