@@ -5,7 +5,7 @@ Each entry is a `ModelSpec`: a one-line description and a loader function. New m
 where their loader lives, or in this table; nothing else needs to change.
 
     >>> sorted(available_models())                  # doctest: +SKIP
-    ['smollm2-135m']
+    ['shakespeare', 'shakespeare-draft', 'smollm2-135m']
     >>> model, tok = load("smollm2-135m")           # doctest: +SKIP
 """
 from __future__ import annotations
@@ -82,3 +82,25 @@ register(
     "SmolLM2-135M-Instruct (Llama architecture, 30 layers, GQA 9/3 heads) from its Q4_1 GGUF file",
     _load_smollm2,
 )
+
+
+def _shakespeare_loader(name: str):
+    def load_it(dtype: torch.dtype):
+        from labkit.data import paths
+        from labkit.model.checkpoint import load_model
+        from labkit.tokenizer.named import get_tokenizer
+
+        path = paths.data_path(f"{name}.safetensors")
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: `git checkout -- data/` restores it, "
+                                    f"`labkit train --model {name}` retrains it")
+        model, _ = load_model(path, dtype=dtype)
+        return model, get_tokenizer("shakespeare")
+
+    return load_it
+
+
+register("shakespeare", "the lab's Shakespeare target: a small Llama (GQA 6/2 heads) trained by labkit on 33 plays",
+         _shakespeare_loader("shakespeare"))
+register("shakespeare-draft", "its draft for speculative decoding: a much smaller Llama, distilled from the target",
+         _shakespeare_loader("shakespeare-draft"))

@@ -75,7 +75,7 @@ def test_the_file_is_safetensors_with_a_json_header(tmp_path):
     not_ours = tmp_path / "other.safetensors"
     from safetensors.torch import save_file
     save_file({"x": torch.zeros(1)}, str(not_ours))
-    with pytest.raises(ValueError, match="not a labkit PrefillState file"):
+    with pytest.raises(ValueError, match="other.safetensors is not a saved labkit PrefillState \\(no .labkit. header\\)"):
         checkpoint.describe(not_ours)
 
 

@@ -71,7 +71,7 @@ def test_loading_what_is_not_a_saved_state_says_so(lab, tmp_path, content):
     model, _ = lab
     path = tmp_path / "state.safetensors"
     path.write_bytes(content)
-    with pytest.raises(ValueError, match=f"{path.name}.* (is not a saved labkit PrefillState|not a labkit PrefillState)"):
+    with pytest.raises(ValueError, match=f"{path.name} is not a saved labkit PrefillState"):
         labkit.PrefillState.load(path, model)
-    with pytest.raises(FileNotFoundError, match="no saved PrefillState"):
+    with pytest.raises(FileNotFoundError, match="no saved labkit PrefillState at"):
         labkit.PrefillState.load(tmp_path / "missing.safetensors", model)

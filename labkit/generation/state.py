@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from labkit.data.headers import read_header
+
 __all__ = ["save_state", "load_state", "describe", "model_fingerprint", "model_info", "PrefillState", "FORMAT"]
 
 FORMAT = "labkit.prefill_state/1"
@@ -132,25 +134,7 @@ def save_state(state, path: str | Path, model=None) -> Path:
 
 def describe(path: str | Path) -> dict:
     """The JSON header of a saved state: model, cache kind and options, position, seed."""
-    from safetensors import safe_open
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no saved PrefillState at {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-    except Exception as exc:  # safetensors raises its own SafetensorError for a bad header
-        raise ValueError(f"{path} is not a saved labkit PrefillState (not a safetensors file: {exc})") from None
-    if "labkit" not in meta:
-        raise ValueError(f"{path} is not a labkit PrefillState file (no 'labkit' header)")
-    try:
-        header = json.loads(meta["labkit"])
-    except json.JSONDecodeError:
-        raise ValueError(f"{path} is not a saved labkit PrefillState (its 'labkit' header is not JSON)") from None
-    found = header.get("format") if isinstance(header, dict) else header
-    if found != FORMAT:
-        raise ValueError(f"{path}: unknown format {found!r}, expected {FORMAT!r}")
-    return header
+    return read_header(path, FORMAT, "saved labkit PrefillState")
 
 
 def _check_model(header: dict, model, path) -> None:

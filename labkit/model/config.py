@@ -140,4 +140,9 @@ PRESETS: dict[str, dict] = {
     # the GGUF file stores Q/K in the interleaved layout (see labkit.model.rope)
     "smollm2-135m": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
                          rope_base=100000.0, rope_layout="interleaved", max_seq_len=8192, tie_embeddings=True),
+    # the lab's own models (labkit.train), on the 4k Shakespeare BPE
+    "shakespeare": dict(vocab_size=4096, d_model=384, n_layers=8, n_heads=6, n_kv_heads=2, ffn_dim=1024,
+                        rope_base=10000.0, max_seq_len=512, tie_embeddings=True),
+    "shakespeare-draft": dict(vocab_size=4096, d_model=192, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=512,
+                              rope_base=10000.0, max_seq_len=512, tie_embeddings=True),
 }

@@ -1,4 +1,5 @@
-"""Weights: number formats and the GGUF block formats (Q4_0, Q4_1, Q8_0, ...), quantize and dequantize."""
+"""Weights: number formats, round-to-nearest quantization (`rtn`), the GGUF block formats (`ggml`)."""
 from labkit.quant import ggml
+from labkit.quant.rtn import BITS, QuantizedTensor, bits_per_weight, dequantize, quantize
 
-__all__ = ["ggml"]
+__all__ = ["quantize", "dequantize", "QuantizedTensor", "bits_per_weight", "BITS", "ggml"]

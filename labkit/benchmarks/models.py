@@ -1,0 +1,107 @@
+"""The lab's own models: size, validation loss and bits per byte, the draft's agreement with the target, decode steps."""
+from __future__ import annotations
+
+TITLE = "Shakespeare target and draft: val loss (nats/token, bits/byte), draft top-1 agreement (greedy alpha), decode step"
+
+PROMPT = "ROMEO:\nWhat light through yonder"
+NO_DISTILL = "shakespeare-draft-nokd.safetensors"  # the same draft trained without distillation (for comparison)
+
+
+def _windows(tok, seq_len: int, limit: int | None):
+    from labkit.data import corpus
+    from labkit.train.batches import encode_split, eval_windows
+
+    ids = encode_split(tok, corpus.load_text("val"))
+    n = ids.numel() // (seq_len + 1) if limit is None else limit
+    return eval_windows(ids, seq_len, n)
+
+
+def quality(models: dict, tok, x, y, batch: int = 8) -> dict:
+    """Per model: nats per token and bits per byte on windows (x, y); the drafts' top-1 agreement with the first model."""
+    import math
+
+    import torch
+
+    from labkit.metrics import kl_to_reference, top1_agreement
+
+    n_bytes = sum(len(tok.token_bytes(int(i))) for i in y.reshape(-1))
+    names = list(models)
+    out = {n: {"nll": 0.0} for n in names}
+    agree = {n: [] for n in names[1:]}
+    kl = {n: [] for n in names[1:]}
+    with torch.inference_mode():
+        for i in range(0, x.shape[0], batch):
+            logits = {n: m(x[i:i + batch]).float() for n, m in models.items()}
+            for n in names:
+                out[n]["nll"] += float(torch.nn.functional.cross_entropy(
+                    logits[n].reshape(-1, logits[n].shape[-1]), y[i:i + batch].reshape(-1), reduction="sum"))
+            for n in names[1:]:
+                agree[n].append(top1_agreement(logits[names[0]], logits[n]))
+                kl[n].append(kl_to_reference(logits[names[0]], logits[n]))
+    for n in names:
+        nats = out[n].pop("nll") / y.numel()
+        out[n].update(val_loss=nats, bits_per_byte=nats * y.numel() / n_bytes / math.log(2))
+    for n in names[1:]:
+        out[n].update(top1_agreement=sum(agree[n]) / len(agree[n]), kl_to_target=sum(kl[n]) / len(kl[n]))
+    return out
+
+
+def run(quick: bool = False) -> dict:
+    import torch
+
+    import labkit
+    from labkit.benchmarks._timing import interleaved_medians
+    from labkit.data import paths
+    from labkit.model.checkpoint import load_model, read_header
+
+    try:
+        target, tok = labkit.load("shakespeare")
+        draft, _ = labkit.load("shakespeare-draft")
+    except FileNotFoundError as exc:
+        print(f"  skipped: {exc}")
+        return {"skipped": str(exc)}
+    models = {"shakespeare": target, "shakespeare-draft": draft}
+    nokd = paths.data_path(NO_DISTILL)
+    if nokd.exists():
+        models["draft without distillation"] = load_model(nokd)[0]
+    print(f"  torch threads: {torch.get_num_threads()}, float32")
+    rows = {}
+    for name in ("shakespeare", "shakespeare-draft"):
+        file = paths.data_path(f"{name}.safetensors")
+        rec = read_header(file)["record"]
+        cfg = models[name].config
+        rows[name] = {"params": cfg.n_params(), "file_mb": file.stat().st_size / 1e6, "train_wall_s": rec.get("wall_s"),
+                      "train_tokens": rec.get("tokens"), "recorded_val_loss": rec.get("val_loss")}
+        print(f"  {name:18s} {cfg.n_layers} layers, d={cfg.d_model}, heads {cfg.n_heads}/{cfg.n_kv_heads}: "
+              f"{cfg.n_params() / 1e6:.2f} M params, {rows[name]['file_mb']:.1f} MB file, trained "
+              f"{rec.get('steps')} steps / {rec.get('tokens', 0):,} tokens in {rec.get('wall_s', 0) / 60:.0f} min")
+
+    x, y = _windows(tok, 256, 16 if quick else None)
+    q = quality(models, tok, x, y)
+    print(f"  held-out plays, {y.numel():,} tokens in {x.shape[0]} windows of 256:")
+    for name, r in q.items():
+        extra = (f"   top-1 agreement with the target (greedy alpha) {r['top1_agreement']:.3f}, KL {r['kl_to_target']:.3f}"
+                 if "top1_agreement" in r else "")
+        print(f"  {name:28s} {r['val_loss']:.3f} nats/token  {r['bits_per_byte']:.3f} bits/byte{extra}")
+
+    def step(model):
+        state = labkit.prefill(model, tok.encode(PROMPT), max_len=128)
+        return lambda: labkit.decode(model, state, 1)
+
+    fns = {name: step(models[name]) for name in ("shakespeare", "shakespeare-draft")}
+    steps = interleaved_medians(fns, repeat=15 if quick else 40, warmup=3)
+    ratio = steps["shakespeare"] / steps["shakespeare-draft"]
+    print(f"  decode step (batch 1, interleaved medians): target {steps['shakespeare'] * 1e3:.2f} ms, "
+          f"draft {steps['shakespeare-draft'] * 1e3:.2f} ms: the target costs {ratio:.1f} draft steps")
+    bytes_read = 4 * target.config.matmul_params()
+    print(f"  the target reads {bytes_read / 1e6:.0f} MB of float32 weights a step: "
+          f"{bytes_read / steps['shakespeare'] / 1e9:.1f} GB/s")
+
+    samples = {}
+    for name in ("shakespeare", "shakespeare-draft"):
+        samples[name] = [labkit.generate(models[name], tok, PROMPT, max_new_tokens=40, temperature=0.8, top_k=50,
+                                         seed=s).text for s in range(1 if quick else 2)]
+        for s, text in enumerate(samples[name]):
+            print(f"  sample from {name} (T=0.8, top-k 50, seed {s}): {PROMPT + text!r}")
+    return {"models": rows, "quality": q, "decode_step_s": steps, "target_over_draft": ratio, "samples": samples,
+            "threads": torch.get_num_threads()}

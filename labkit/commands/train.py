@@ -1,0 +1,39 @@
+"""`labkit train --model shakespeare|shakespeare-draft [--quick]`: train the lab's own models from scratch."""
+from __future__ import annotations
+
+
+def add_parser(sub):
+    p = sub.add_parser("train", help="train the lab's Shakespeare target or draft from scratch (writes data/NAME.safetensors)")
+    p.add_argument("--model", required=True, choices=["shakespeare", "shakespeare-draft"], help="which model to train")
+    p.add_argument("--quick", action="store_true", help="a tiny version in about a minute (what the tests train)")
+    p.add_argument("--out", metavar="DIR", help="where to write the checkpoint (default data/; --quick defaults to .build/train)")
+    p.add_argument("--steps", type=int, help="override the recipe's number of steps")
+    p.add_argument("--seed", type=int, help="override the recipe's seed")
+    p.add_argument("--distill", type=float, help="weight of the distillation term for the draft (0 = none; default 0.5)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    return p
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from labkit.data import paths
+    from labkit.train.run import checkpoint_path, train_model
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    out = Path(args.out) if args.out else (paths.ROOT / ".build" / "train" if args.quick else paths.DATA_DIR)
+    record = train_model(args.model, quick=args.quick, out_dir=out, seed=args.seed, distill=args.distill, steps=args.steps)
+    name = record["model"]
+    print(f"{name}: {record['n_params']:,} parameters, {record['steps']} steps, {record['tokens']:,} tokens "
+          f"in {record['wall_s']:.0f} s ({record['tokens'] / record['wall_s']:,.0f} tokens/s)")
+    print(f"final train loss {record['final_train_loss']:.3f}; validation loss {record['val_loss']:.4f} nats/token, "
+          f"{record['val_bits_per_byte']:.3f} bits/byte")
+    print(f"wrote {checkpoint_path(name, out)} and {checkpoint_path(name, out).with_suffix('.json')}")
+    if out == paths.DATA_DIR:
+        print("record the new checksums with: python -m labkit.data.files write")
+    return 0
