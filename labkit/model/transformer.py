@@ -257,7 +257,8 @@ class Transformer(nn.Module):
                 x = block(x, rope, positions, cache)
             if last_only:
                 x = x[:, -1:]
-            logits = linear(self.norm(x), self.output_weight())  # [B, T, vocab_size]
+            h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
+            logits = linear(h, self.tok_embeddings.weight) if self.lm_head is None else self.lm_head(h)  # [B, T, V]
         except BaseException:
             if cache is not None:
                 cache.abort()

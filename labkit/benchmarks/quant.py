@@ -1,0 +1,71 @@
+"""Fewer bits per weight, faster decode? SmolLM2 at batch 1 in float32, int8 and int4 (RTN), side by side.
+
+Each format decodes greedily after the same prompt; rounds are interleaved across formats so
+machine noise hits all alike, and each figure is a median over rounds. A decode step reads
+every weight once, so the bytes per token and the GB/s they imply are printed next to the
+speed, with this machine's streaming-read bandwidth (sampled every round) as the roofline:
+the roofline's tokens/s for a format is bandwidth / bytes per token.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+TITLE = "SmolLM2 decode tokens/s by weight format (float32, int8, int4 RTN): bytes/token, GB/s, roofline"
+
+PROMPT = "What is the capital of France? Answer in one sentence."
+
+
+def _decode_s(model, ids: list[int], n: int) -> float:
+    import labkit
+
+    state = labkit.prefill(model, ids, max_len=len(ids) + n + 1)
+    start = time.perf_counter()
+    labkit.decode(model, state, n)
+    return (time.perf_counter() - start) / n
+
+
+def run(quick: bool = False) -> dict:
+    import torch
+
+    import labkit
+    from labkit.costmodel.measure import read_bandwidth_gb_s
+    from labkit.quant import has_kernel, model_nbytes, quantize_model
+
+    try:
+        model, tok = labkit.load("smollm2-135m")
+    except FileNotFoundError as exc:
+        print(f"  skipped: {exc}")
+        return {"skipped": str(exc)}
+    if not (has_kernel(8) and has_kernel(4)):
+        print("  skipped: this torch build has no packed int8/int4 CPU kernels")
+        return {"skipped": "no packed kernels"}
+    formats = {"float32": model, "int8 (per channel)": quantize_model(model, bits=8),
+               "int4 (groups of 32)": quantize_model(model, bits=4, group_size=32)}
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
+    reply = {name: labkit.decode(m, labkit.prefill(m, ids), 8) for name, m in formats.items()}
+    n, rounds = (16, 3) if quick else (48, 7)
+    steps = {name: [] for name in formats}
+    roof = []
+    for name, m in formats.items():  # warm-up
+        _decode_s(m, ids, 4)
+    for _ in range(rounds):
+        roof.append(read_bandwidth_gb_s(seconds=0.3))
+        for name, m in formats.items():
+            steps[name].append(_decode_s(m, ids, n))
+    bw = statistics.median(roof)
+    print(f"  torch threads: {torch.get_num_threads()}; {n} greedy tokens per round, {rounds} rounds interleaved; "
+          f"streaming read {bw:.1f} GB/s (median of rounds, {min(roof):.1f}-{max(roof):.1f})")
+    print(f"  {'format':22s} {'MB/token':>9s} {'tokens/s':>9s} {'vs fp32':>8s} {'GB/s':>6s} {'roofline tok/s':>15s}  first 8 tokens")
+    rows = {}
+    base = statistics.median(steps["float32"])
+    for name, m in formats.items():
+        step = statistics.median(steps[name])
+        nbytes = model_nbytes(m)
+        rows[name] = {"bytes_per_token": nbytes, "step_s": step, "tokens_per_s": 1 / step, "vs_float32": base / step,
+                      "gb_s": nbytes / step / 1e9, "roofline_tokens_per_s": bw * 1e9 / nbytes,
+                      "same_tokens_as_float32": reply[name] == reply["float32"]}
+        r = rows[name]
+        print(f"  {name:22s} {nbytes / 1e6:9.1f} {r['tokens_per_s']:9.1f} {r['vs_float32']:7.2f}x {r['gb_s']:6.1f} "
+              f"{r['roofline_tokens_per_s']:15.0f}  {'same' if r['same_tokens_as_float32'] else 'differs'}")
+    return {"formats": rows, "roofline_gb_s": bw, "threads": torch.get_num_threads(), "tokens_per_round": n}

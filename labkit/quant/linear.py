@@ -1,0 +1,106 @@
+"""Weight-only quantized linear layers on PyTorch's packed CPU kernels, with the float reference beside them.
+
+    int8: per-output-channel symmetric codes, w = q·s              -> torch._weight_int8pack_mm
+    int4: asymmetric groups along the input, w = q·s + m, q ∈ [0, 15] -> aten._weight_int4pack_mm_for_cpu
+
+The int4 kernel computes w = (q − 8)·scale + zero, so an asymmetric group (s, m) is handed
+over as scale = s, zero = m + 8·s. Both kernels read the integer codes and multiply in the
+activations' dtype; `reference=True` (or a torch without the kernels) computes the same
+product as `x @ dequantize(W)ᵀ` in float32, which is what the lab teaches and what the
+tests compare the kernels against.
+
+    >>> layer = QuantLinear.from_float(torch.randn(64, 128), bits=8)
+    >>> layer(torch.randn(1, 3, 128)).shape
+    torch.Size([1, 3, 64])
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from labkit.quant.rtn import QuantizedTensor, dequantize, quantize
+
+__all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES"]
+
+ACT_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def has_kernel(bits: int) -> bool:
+    """Whether this torch build has the packed kernel for `bits` (8 or 4)."""
+    if bits == 8:
+        return hasattr(torch, "_weight_int8pack_mm")
+    if bits == 4:
+        return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    return False
+
+
+class QuantLinear(nn.Module):
+    """y = x Wᵀ with W stored as int8 (per channel) or int4 (groups of `group_size`) codes."""
+
+    def __init__(self, qt: QuantizedTensor, act_dtype: torch.dtype = torch.float32, reference: bool = False):
+        super().__init__()
+        if qt.bits not in (4, 8):
+            raise ValueError(f"bits must be 8 or 4 for a packed linear layer, got {qt.bits}")
+        if qt.bits == 8 and (not qt.symmetric or qt.group_size != qt.shape[1] or qt.per_tensor):
+            raise ValueError("int8 layers take per-channel symmetric codes (group_size='channel', symmetric=True)")
+        if qt.bits == 4 and (qt.symmetric or qt.per_tensor or qt.group_size not in (32, 64, 128, 256)):
+            raise ValueError(f"int4 layers take asymmetric codes in groups of 32, 64, 128 or 256, got "
+                             f"group_size={qt.group_size}, symmetric={qt.symmetric}")
+        if act_dtype not in ACT_DTYPES:
+            raise ValueError(f"act_dtype must be one of {ACT_DTYPES}, got {act_dtype}")
+        self.out_features, self.in_features = qt.shape
+        self.bits, self.group_size, self.act_dtype = qt.bits, qt.group_size, act_dtype
+        self.qt = qt
+        self.reference = reference or not has_kernel(qt.bits)
+        if self.reference:
+            return
+        if qt.bits == 8:
+            self.register_buffer("codes", qt.codes.contiguous())
+            self.register_buffer("scales", qt.scale[:, 0].to(act_dtype).contiguous())
+        else:
+            if self.in_features % 2 or self.out_features % 8:
+                raise ValueError(f"the int4 kernel needs out_features % 8 == 0 and even in_features, "
+                                 f"got [{self.out_features}, {self.in_features}]")
+            self.register_buffer("codes", torch.ops.aten._convert_weight_to_int4pack_for_cpu(qt.codes.to(torch.int32), 1))
+            zero = qt.minimum + 8 * qt.scale  # the kernel's (q − 8)·scale + zero == q·s + m
+            sz = torch.stack([qt.scale.t(), zero.t()], dim=-1).contiguous()  # [in / group, out, 2]
+            self.register_buffer("scales", sz.to(act_dtype))
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bits: int = 8, group_size: int = 32, act_dtype=torch.float32,
+                   reference: bool = False) -> "QuantLinear":
+        """RTN-quantize a float weight [out, in]: int8 per channel, or int4 in groups of `group_size`."""
+        if bits == 8:
+            qt = quantize(weight, 8, "channel", symmetric=True)
+        elif bits == 4:
+            qt = quantize(weight, 4, group_size, symmetric=False)
+        else:
+            raise ValueError(f"bits must be 8 or 4 for a packed linear layer, got {bits!r}")
+        return cls(qt, act_dtype=act_dtype, reference=reference)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The float32 matrix the codes stand for (for inspection; the forward never builds it)."""
+        return dequantize(self.qt)
+
+    def nbytes(self) -> int:
+        """Bytes one product reads: the codes (a half byte each at int4) plus scales (and minimums)."""
+        per_group = 2 if self.bits == 4 else 1
+        return self.out_features * self.in_features * self.bits // 8 + self.qt.scale.numel() * 4 * per_group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if self.reference:
+            y = x2.float() @ dequantize(self.qt).t()
+        elif self.bits == 8:
+            y = torch._weight_int8pack_mm(x2.to(self.act_dtype).contiguous(), self.codes, self.scales)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(self.act_dtype).contiguous(), self.codes,
+                                                           self.group_size, self.scales)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        kind = "reference" if self.reference else "packed kernel"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+                f"group_size={self.group_size}, act_dtype={self.act_dtype}, {kind}")
