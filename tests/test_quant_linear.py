@@ -49,7 +49,7 @@ def test_bad_input_says_what_is_allowed():
     w = torch.randn(16, 64)
     with pytest.raises(ValueError, match="bits must be 8 or 4"):
         QuantLinear.from_float(w, bits=3)
-    with pytest.raises(ValueError, match=r"method must be one of \('rtn',\), got 'gptq2'"):
+    with pytest.raises(ValueError, match=r"method must be one of \('rtn', 'gptq', 'awq'\), got 'gptq2'"):
         quantize_model(tiny(), method="gptq2")
     with pytest.raises(ValueError, match="group_size=48 does not divide the 64 input features"):
         QuantLinear.from_float(w, bits=4, group_size=48)

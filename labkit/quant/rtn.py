@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["QuantizedTensor", "quantize", "dequantize", "BITS", "bits_per_weight"]
+__all__ = ["QuantizedTensor", "quantize", "dequantize", "BITS", "bits_per_weight", "group_params", "encode",
+           "decode_codes", "check_weight", "resolve_group_size"]
 
 BITS = (2, 3, 4, 5, 6, 7, 8)
 
@@ -70,7 +71,22 @@ def _check_bits(bits) -> None:
         raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
 
 
-def _group_size(group_size, w: torch.Tensor) -> tuple[int, bool]:
+def check_weight(w, bits: int) -> torch.Tensor:
+    """The weight as a float32 matrix [out, in], or ValueError/TypeError saying what is wrong."""
+    _check_bits(bits)
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise TypeError(f"w must be a floating-point torch.Tensor, got {type(w).__name__} {getattr(w, 'dtype', '')}")
+    w = w.detach().float()
+    if w.dim() == 1:
+        w = w.unsqueeze(0)
+    if w.dim() != 2 or w.numel() == 0:
+        raise ValueError(f"w must be a non-empty matrix [out, in], got shape {tuple(w.shape)}")
+    if not torch.isfinite(w).all():
+        raise ValueError("w contains NaN or inf; quantization needs finite weights")
+    return w
+
+
+def resolve_group_size(group_size, w: torch.Tensor) -> tuple[int, bool]:
     n_in = w.shape[1]
     if group_size == "tensor":
         return n_in, True
@@ -94,37 +110,40 @@ def _expand(per_group: torch.Tensor, qt: QuantizedTensor) -> torch.Tensor:
 
 def quantize(w: torch.Tensor, bits: int = 8, group_size: int | str = "channel", symmetric: bool = True) -> QuantizedTensor:
     """RTN-quantize a weight matrix [out, in] (a 1-D tensor counts as one row)."""
-    _check_bits(bits)
-    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
-        raise TypeError(f"w must be a floating-point torch.Tensor, got {type(w).__name__} {getattr(w, 'dtype', '')}")
-    w = w.detach().float()
-    if w.dim() == 1:
-        w = w.unsqueeze(0)
-    if w.dim() != 2 or w.numel() == 0:
-        raise ValueError(f"w must be a non-empty matrix [out, in], got shape {tuple(w.shape)}")
-    if not torch.isfinite(w).all():
-        raise ValueError("w contains NaN or inf; quantization needs finite weights")
-    g, per_tensor = _group_size(group_size, w)
+    w = check_weight(w, bits)
+    g, per_tensor = resolve_group_size(group_size, w)
     out, n_in = w.shape
     groups = w.reshape(1, 1, -1) if per_tensor else w.reshape(out, n_in // g, g)  # [rows, n_groups, g]
-    if symmetric:
-        qmax = 2 ** (bits - 1) - 1
-        scale = groups.abs().amax(-1) / qmax
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero group: any scale is exact
-        codes = torch.round(groups / scale.unsqueeze(-1)).clamp_(-qmax, qmax).to(torch.int8)
-        minimum = None
-    else:
-        lo, hi = groups.amin(-1), groups.amax(-1)
-        scale = (hi - lo) / (2 ** bits - 1)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: x = 0·s + m exactly
-        codes = torch.round((groups - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp_(0, 2 ** bits - 1).to(torch.uint8)
-        minimum = lo
+    scale, minimum = group_params(groups, bits, symmetric)
+    codes = encode(groups, scale.unsqueeze(-1), None if minimum is None else minimum.unsqueeze(-1), bits)
     return QuantizedTensor(codes.reshape(out, n_in), scale, minimum, bits, g, per_tensor)
+
+
+def group_params(groups: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(scale, minimum) of each group along the last dimension: [..., g] -> [...] (minimum None if symmetric)."""
+    if symmetric:
+        scale = groups.abs().amax(-1) / (2 ** (bits - 1) - 1)
+        return torch.where(scale > 0, scale, torch.ones_like(scale)), None  # an all-zero group: any scale is exact
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scale = (hi - lo) / (2 ** bits - 1)
+    return torch.where(scale > 0, scale, torch.ones_like(scale)), lo  # a constant group: x = 0·s + m exactly
+
+
+def encode(x: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, bits: int) -> torch.Tensor:
+    """Codes of x for (broadcastable) scale and minimum: round to the nearest step, clamp to the range."""
+    if minimum is None:
+        qmax = 2 ** (bits - 1) - 1
+        return torch.round(x / scale).clamp_(-qmax, qmax).to(torch.int8)
+    return torch.round((x - minimum) / scale).clamp_(0, 2 ** bits - 1).to(torch.uint8)
+
+
+def decode_codes(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None) -> torch.Tensor:
+    """The float values of codes: q·s (+ m)."""
+    x = codes.float() * scale
+    return x if minimum is None else x + minimum
 
 
 def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The float matrix the codes stand for: q·s (+ m)."""
-    w = qt.codes.float() * _expand(qt.scale, qt)
-    if qt.minimum is not None:
-        w = w + _expand(qt.minimum, qt)
-    return w.to(dtype)
+    minimum = None if qt.minimum is None else _expand(qt.minimum, qt)
+    return decode_codes(qt.codes, _expand(qt.scale, qt), minimum).to(dtype)
