@@ -26,17 +26,18 @@ class ModelSpec:
 
     name: str
     description: str
-    loader: Callable[[torch.dtype], tuple]
+    loader: Callable[..., tuple]  # loader(dtype) -> (model, tokenizer); loader(dtype, weights) for other weights
+    weights: tuple[str, ...] = ("float",)
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
 
-def register(name: str, description: str, loader: Callable[[torch.dtype], tuple]) -> None:
-    """Make `load(name)` call `loader(dtype)`."""
+def register(name: str, description: str, loader: Callable[..., tuple], weights: tuple[str, ...] = ("float",)) -> None:
+    """Make `load(name)` call `loader(dtype)` (and `loader(dtype, weights)` for the other `weights` it offers)."""
     if name in _REGISTRY:
         raise ValueError(f"model {name!r} is already registered")
-    _REGISTRY[name] = ModelSpec(name, description, loader)
+    _REGISTRY[name] = ModelSpec(name, description, loader, weights)
 
 
 def available_models() -> dict[str, str]:
@@ -54,25 +55,39 @@ def _as_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-def load(name: str, dtype: torch.dtype | str = torch.float32):
+def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "float"):
     """Load a model and its tokenizer: `model, tok = labkit.load("smollm2-135m")`.
 
     `dtype`: torch.float32 (exact; the default) or torch.bfloat16 / torch.float16 (half the
-    bytes per decode step; "bfloat16" as a string works too).
+    bytes per decode step; "bfloat16" as a string works too). `weights="gguf"` (SmolLM2) keeps
+    the file's Q4_1 blocks as int4 codes for the packed kernel instead of dequantizing them;
+    `dtype` is then the activations' dtype (float32 or bfloat16).
     """
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}; available models: {', '.join(sorted(_REGISTRY)) or 'none'}")
-    return _REGISTRY[name].loader(_as_dtype(dtype))
+    spec = _REGISTRY[name]
+    if weights not in spec.weights:
+        raise ValueError(f"weights must be one of {spec.weights} for {name!r}, got {weights!r}")
+    if weights == "float":
+        return spec.loader(_as_dtype(dtype))
+    return spec.loader(_as_dtype(dtype), weights)
 
 
-def _load_smollm2(dtype: torch.dtype):
+def _load_smollm2(dtype: torch.dtype, weights: str = "float"):
     from labkit.data import paths
     from labkit.model.gguf import load_gguf, open_gguf
     from labkit.tokenizer.gguf import from_gguf
 
     path = paths.smollm2_gguf_path()  # FileNotFoundError naming the install command
     reader = open_gguf(path)
-    model = load_gguf(reader, dtype=dtype)
+    if weights == "gguf":
+        from labkit.model.gguf_native import load_gguf_native
+
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"with weights='gguf' dtype is the activations' dtype: float32 or bfloat16, got {dtype}")
+        model = load_gguf_native(reader, act_dtype=dtype)
+    else:
+        model = load_gguf(reader, dtype=dtype)
     model.config = model.config.replace(name="smollm2-135m")
     return model, from_gguf(path)
 
@@ -81,6 +96,7 @@ register(
     "smollm2-135m",
     "SmolLM2-135M-Instruct (Llama architecture, 30 layers, GQA 9/3 heads) from its Q4_1 GGUF file",
     _load_smollm2,
+    weights=("float", "gguf"),
 )
 
 

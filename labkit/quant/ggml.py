@@ -150,3 +150,24 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = Non
     if shape is None:
         shape = (*raw.shape[:-1], raw.shape[-1] // size * BLOCK) if raw.ndim > 1 else (out.size,)
     return out.reshape(shape)
+
+
+def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]):
+    """The blocks of a Q4_1 / Q8_0 matrix as they are stored, for integer kernels (no dequantization).
+
+    Returns (codes [rows, cols], d [rows, cols / 32], m [rows, cols / 32] or None), so that
+    Q4_1 weights are d·q + m (codes 0..15) and Q8_0 weights are d·q (codes −127..127).
+    """
+    qtype = _check_type(qtype)
+    if qtype not in ("Q4_1", "Q8_0"):
+        raise ValueError(f"block_parts reads Q4_1 or Q8_0 blocks, got {qtype}")
+    rows, cols = shape
+    _, _, size = TYPES[qtype]
+    blocks = np.asarray(data).view(np.uint8).reshape(-1, size)
+    if blocks.shape[0] != rows * cols // BLOCK or cols % BLOCK:
+        raise ValueError(f"{qtype} data holds {blocks.shape[0]} blocks; a [{rows}, {cols}] matrix needs {rows * cols // BLOCK}")
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(rows, cols // BLOCK)
+    if qtype == "Q8_0":
+        return blocks[:, 2:].view(np.int8).reshape(rows, cols), d, None
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(rows, cols // BLOCK)
+    return _unpack_nibbles(blocks[:, 4:]).reshape(rows, cols), d, m
