@@ -179,7 +179,9 @@ def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: s
     with torch.device("meta"):
         model = Transformer(config)
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
-    model.eval().requires_grad_(False).column_major_()
+    model.eval().requires_grad_(False)
+    if dtype == torch.float32:  # the layout each dtype's one-token product is fast in, measured here (see
+        model.column_major_()   # `Transformer.column_major_`); bfloat16/float16 stay row-major
     model.source_file = str(reader.data.filename)
     model.tensor_types = {t.name: t.tensor_type.name for t in reader.tensors}
     return model

@@ -200,7 +200,10 @@ class Transformer(nn.Module):
         """Store every matmul weight column-major ([out, in] whose transpose is contiguous), in place.
 
         The values do not change. `x @ W.T` then reads W in memory order, which makes batch-1
-        decode (one matrix-vector product per weight) markedly faster with MKL on CPU.
+        decode (one matrix-vector product per weight) markedly faster with MKL on CPU, in
+        float32. Not for bfloat16 on a CPU without native bf16: there the column-major
+        product takes a slow path (about 20x slower per decode step of SmolLM2, measured with
+        `labkit bench --only smollm2`), so loaders keep half-precision weights row-major.
         """
         with torch.no_grad():
             for module in self.modules():
