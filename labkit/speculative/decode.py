@@ -1,0 +1,174 @@
+"""Speculative decoding: a drafter guesses γ tokens, the target checks them all in one forward pass.
+
+    out = labkit.speculative.generate(target, draft, tok, "To be, or not to be", gamma=4)
+    out.text, out.acceptance, out.tokens_per_call, out.wall_s, out.plain   # plain: the same without drafting
+
+Each round: the drafter proposes up to γ tokens; the target runs one forward over the last
+emitted token and the γ proposals (γ + 1 positions, on its KV cache); verification
+(`labkit.speculative.verify`) keeps the agreed prefix and adds one token of the target's
+own; the target's cache is truncated to drop the rejected positions. A round therefore
+emits between 1 and γ + 1 tokens for one target pass.
+
+`gamma="auto"` picks γ each round from an EMA of the acceptance rate α and the measured
+costs: a draft step c and a target pass over k tokens T(k), both relative to T(1); it
+maximises the expected tokens per unit time E(γ) / (γ·c + T(γ+1)) with
+E(γ) = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3.3), no training needed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from labkit.sampling import SamplingParams, make_generator, process_logits
+from labkit.speculative.drafters import DraftModel
+from labkit.speculative.verify import accept_greedy, accept_sampled
+
+__all__ = ["generate", "SpeculativeOutput", "expected_tokens", "GAMMA_MAX"]
+
+GAMMA_MAX = 8
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens one round emits on average when each draft token passes with probability α (independently)."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    return gamma + 1.0 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+@dataclass
+class SpeculativeOutput:
+    text: str
+    token_ids: list[int]
+    prompt_ids: list[int]
+    acceptance: list[float]  # per draft position i: accepted / proposed at that position
+    proposed: list[int]  # how often each position was proposed
+    gammas: list[int]  # γ of every round
+    target_calls: int
+    draft_steps: int
+    wall_s: float
+    plain: dict | None = field(default=None)  # plain decoding of the same prompt: token_ids, wall_s, same_tokens
+
+    @property
+    def tokens_per_call(self) -> float:
+        return len(self.token_ids) / max(1, self.target_calls)
+
+    @property
+    def speedup(self) -> float | None:
+        return None if not self.plain else self.plain["wall_s"] / self.wall_s
+
+
+def _check(target, draft, gamma, max_new_tokens):
+    if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and 1 <= gamma <= 64)):
+        raise ValueError(f"gamma must be an integer in [1, 64] or 'auto', got {gamma!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    dm = getattr(draft, "model", None)
+    if dm is not None and dm.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"the draft's vocabulary ({dm.config.vocab_size}) differs from the target's "
+                         f"({target.config.vocab_size}): speculative decoding needs the same token ids")
+
+
+class _AutoGamma:
+    """γ from the EMA of acceptance and the measured relative costs (see the module docstring)."""
+
+    def __init__(self, start: int = 4, decay: float = 0.8):
+        self.alpha, self.decay, self.gamma = 0.6, decay, start
+        self.draft_s: float | None = None
+        self.target_s: dict[int, float] = {}
+
+    def update(self, proposed: int, accepted: int, draft_s: float, target_s: float) -> None:
+        if proposed:
+            self.alpha = self.decay * self.alpha + (1 - self.decay) * accepted / proposed
+            per = draft_s / proposed
+            self.draft_s = per if self.draft_s is None else self.decay * self.draft_s + (1 - self.decay) * per
+        k = proposed + 1
+        old = self.target_s.get(k)
+        self.target_s[k] = target_s if old is None else self.decay * old + (1 - self.decay) * target_s
+
+    def _t(self, k: int) -> float:  # T(k): measured, else a straight line through what was measured
+        if k in self.target_s:
+            return self.target_s[k]
+        pts = sorted(self.target_s.items())
+        if len(pts) < 2:
+            return pts[0][1] if pts else 1.0
+        (k0, t0), (k1, t1) = pts[0], pts[-1]
+        return max(t0, t0 + (t1 - t0) * (k - k0) / (k1 - k0))
+
+    def next(self) -> int:
+        if self.draft_s is None or len(self.target_s) < 2:
+            return self.gamma
+        a = min(self.alpha, 0.999)
+        rate = {g: expected_tokens(a, g) / (g * self.draft_s + self._t(g + 1)) for g in range(1, GAMMA_MAX + 1)}
+        self.gamma = max(rate, key=rate.get)
+        return self.gamma
+
+
+@torch.inference_mode()
+def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: int = 64, seed: int | None = 0,
+             chat: bool | None = None, compare: bool = False, **sampling) -> SpeculativeOutput:
+    """Generate with speculative decoding; `draft` is a model (same vocabulary) or a drafter object."""
+    from labkit.generation.reply import _prompt_ids
+
+    drafter = draft if hasattr(draft, "propose") else DraftModel(draft)
+    _check(target, drafter, gamma, max_new_tokens)
+    params = SamplingParams.from_kwargs(None, **sampling)
+    ids = _prompt_ids(tok, prompt, chat)
+    eos = getattr(tok, "eos_id", None)
+    auto = _AutoGamma() if gamma == "auto" else None
+    t0 = time.perf_counter()
+    gen = make_generator(seed) if not params.greedy else None
+    cache = target.new_cache(max_len=min(target.config.max_seq_len, len(ids) + max_new_tokens + GAMMA_MAX + 65))
+    logits = target(torch.tensor([ids]), cache=cache, last_only=True)[0, -1].float()
+    first = _pick(logits, ids, params, gen)
+    history, out = ids + [first], [first]
+    proposed, accepted, gammas, calls = [0] * 65, [0] * 65, [], 1
+    while len(out) < max_new_tokens and out[-1] != eos:
+        g = auto.next() if auto else gamma
+        g = max(0, min(g, max_new_tokens - len(out) - 1, cache.max_len - cache.seq_len - 2))
+        d0 = time.perf_counter()
+        drafted, q = drafter.propose(history, g, params, gen) if g else ([], None)
+        d1 = time.perf_counter()
+        x = torch.tensor([[history[-1]] + drafted])
+        logits = target(x, cache=cache)[0].float()  # [k + 1, V]
+        t1 = time.perf_counter()
+        calls += 1
+        # the sampler pipeline, applied to every position with the history that position would have
+        processed = torch.stack([process_logits(logits[i], history + drafted[:i], params) for i in range(len(drafted) + 1)])
+        if params.greedy:
+            n, nxt = accept_greedy(processed, torch.tensor(drafted, dtype=torch.long))
+        else:
+            n, nxt = accept_sampled(torch.softmax(processed, -1), q, torch.tensor(drafted, dtype=torch.long), gen)
+        cache.truncate(len(history) + n)
+        for i in range(len(drafted)):
+            proposed[i] += 1
+            accepted[i] += i < n
+        if auto:
+            auto.update(len(drafted), n, d1 - d0, t1 - d1)
+        gammas.append(len(drafted))
+        new = drafted[:n] + [nxt]
+        if eos in new:
+            new = new[:new.index(eos) + 1]
+        new = new[:max_new_tokens - len(out)]
+        history += new
+        out += new
+    wall = time.perf_counter() - t0
+    depth = max((i + 1 for i in range(65) if proposed[i]), default=0)
+    result = SpeculativeOutput(
+        text=tok.decode([i for i in out if i != eos]), token_ids=out, prompt_ids=ids,
+        acceptance=[accepted[i] / proposed[i] for i in range(depth)], proposed=proposed[:depth], gammas=gammas,
+        target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall)
+    if compare:
+        from labkit.generation.reply import generate as plain_generate
+
+        plain = plain_generate(target, tok, ids, max_new_tokens=max_new_tokens, seed=seed, params=params)
+        result.plain = {"token_ids": plain.token_ids, "wall_s": plain.total_s, "same_tokens": plain.token_ids == out}
+    return result
+
+
+def _pick(logits: torch.Tensor, history: list[int], params: SamplingParams, gen) -> int:
+    processed = process_logits(logits, history, params)
+    if params.greedy:
+        return int(torch.argmax(processed))
+    return int(torch.multinomial(torch.softmax(processed, -1), 1, generator=gen))

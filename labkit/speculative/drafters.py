@@ -1,0 +1,87 @@
+"""Drafters: cheap guesses of the next few tokens, each behind one method, `propose`.
+
+    tokens, q = drafter.propose(history, gamma, params, generator)
+
+`tokens` are at most `gamma` proposed ids; `q` [len(tokens), V] are the probabilities they
+were drawn with, or None when they were chosen deterministically (greedy drafts, n-gram
+lookup). A drafter may keep state between calls (a KV cache); it is told nothing about what
+was accepted and finds out from `history`, which always ends with the last emitted token.
+
+- `DraftModel`: a smaller model with the same vocabulary and its own KV cache (the
+  Shakespeare draft for the Shakespeare target);
+- `PromptLookup`: the continuation of the latest earlier occurrence of the last n tokens
+  (Saxena 2023, "prompt lookup decoding"): free, and strong when the reply quotes its input.
+"""
+from __future__ import annotations
+
+import torch
+
+from labkit.sampling import SamplingParams, process_logits
+
+__all__ = ["DraftModel", "PromptLookup"]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class DraftModel:
+    """Draft with a small model: γ one-token forwards on its own KV cache, rolled back to what was accepted."""
+
+    def __init__(self, model, max_len: int | None = None):
+        self.model = model
+        self.cache = model.new_cache(max_len=max_len or model.config.max_seq_len)
+        self.tokens: list[int] = []  # what self.cache holds
+        self.steps = 0  # forward passes run (for cost accounting)
+
+    @torch.inference_mode()
+    def _logits_after(self, history: list[int]) -> torch.Tensor:
+        keep = min(_common_prefix(self.tokens, history), len(history) - 1)
+        if keep < self.cache.seq_len:
+            self.cache.truncate(keep)
+        self.tokens = self.tokens[:keep]
+        new = history[keep:]
+        logits = self.model(torch.tensor([new], device=self.model.device), cache=self.cache, last_only=True)
+        self.tokens += new
+        self.steps += 1
+        return logits[0, -1].float()
+
+    def propose(self, history: list[int], gamma: int, params: SamplingParams, generator=None):
+        seq = list(history)
+        tokens, probs = [], []
+        for i in range(gamma):
+            logits = process_logits(self._logits_after(seq), seq, params)
+            if params.greedy:
+                x = int(torch.argmax(logits))
+            else:
+                q = torch.softmax(logits, dim=-1)
+                x = int(torch.multinomial(q, 1, generator=generator))
+                probs.append(q)
+            tokens.append(x)
+            seq.append(x)
+        return tokens, (torch.stack(probs) if probs else None)
+
+
+class PromptLookup:
+    """Propose the tokens that followed the latest earlier match of the last `n` tokens (n = max_ngram..1)."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.steps = 0
+
+    def propose(self, history: list[int], gamma: int, params: SamplingParams | None = None, generator=None):
+        for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
+            tail = history[-n:]
+            for start in range(len(history) - n - 1, -1, -1):  # latest match first, never the tail itself
+                if history[start:start + n] == tail:
+                    follow = history[start + n:start + n + gamma]
+                    if follow:
+                        return list(follow), None
+        return [], None

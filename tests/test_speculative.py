@@ -1,0 +1,121 @@
+"""Speculative decoding: exact in distribution, identical to greedy, reproducible, and its cache rolls back."""
+import pytest
+import torch
+
+import labkit
+from labkit.speculative import DraftModel, PromptLookup, accept_sampled, expected_tokens, generate, residual
+from labkit.tokenizer import BPETokenizer
+from tests.kvcache_shared import tiny
+
+CHI2_999 = {9: 27.88}  # the 0.999 quantile of χ² with 9 degrees of freedom
+
+
+def _chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
+    expected = p * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0  # nothing where the target puts no mass
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def _rounds(accept, n=20000, gamma=2, seed=0):
+    """Context-free toy: the target's distribution at position i is P[i] whatever came before; the draft's is Q[i]."""
+    g = torch.Generator().manual_seed(seed)
+    P = torch.softmax(torch.randn(gamma + 1, 10, generator=g) * 1.5, -1)
+    Q = torch.softmax(torch.randn(gamma, 10, generator=g) * 1.5, -1)
+    first, second = torch.zeros(10), torch.zeros(10)
+    for _ in range(n):
+        draft = torch.stack([torch.multinomial(Q[i], 1, generator=g)[0] for i in range(gamma)])
+        k, nxt = accept(P, Q, draft, g)
+        emitted = draft[:k].tolist() + [nxt]
+        first[emitted[0]] += 1
+        if len(emitted) > 1:
+            second[emitted[1]] += 1
+    return P, first, second
+
+
+def test_verification_reproduces_the_target_distribution():
+    for gamma in (1, 2):  # gamma 1: the second token is the bonus whenever the draft passes
+        P, first, second = _rounds(accept_sampled, gamma=gamma)
+        assert _chi2(first, P[0]) < CHI2_999[9] and _chi2(second, P[1]) < CHI2_999[9]
+
+
+def test_a_wrong_residual_is_caught():
+    def wrong(P, Q, draft, g):  # resamples from p itself after a rejection: biased towards the draft's picks
+        for i in range(draft.numel()):
+            if float(torch.rand((), generator=g)) >= min(1.0, float(P[i, draft[i]] / Q[i, draft[i]])):
+                return i, int(torch.multinomial(P[i], 1, generator=g))
+        return draft.numel(), int(torch.multinomial(P[draft.numel()], 1, generator=g))
+
+    P, first, _ = _rounds(wrong)
+    assert _chi2(first, P[0]) > 10 * CHI2_999[9]
+
+
+def test_residual_and_expected_tokens():
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.3, 0.5])
+    assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.equal(residual(p, p), p)
+    assert expected_tokens(0.0, 4) == 1 and expected_tokens(1.0, 4) == 5 and expected_tokens(0.5, 2) == 1.75
+    with pytest.raises(ValueError, match="alpha must be in"):
+        expected_tokens(1.5, 2)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tok = BPETokenizer.train("the cat sat on the mat and the dog sat on the log. " * 6, 280)
+    target = tiny(vocab_size=tok.vocab_size, max_seq_len=256)
+    with torch.no_grad():  # a draft close to the target: the target with small noise
+        draft = tiny(vocab_size=tok.vocab_size, max_seq_len=256)
+        for a, b in zip(draft.parameters(), target.parameters()):
+            a.copy_(b + 0.05 * torch.randn_like(b))
+    return target, draft, tok
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+@pytest.mark.parametrize("gamma", [1, 3, "auto"])
+def test_greedy_speculation_is_token_for_token_the_target(pair, drafter, gamma):
+    target, draft, tok = pair
+    d = DraftModel(draft) if drafter == "model" else PromptLookup()
+    out = generate(target, d, tok, "the cat sat on the mat and the dog", gamma=gamma, max_new_tokens=30, compare=True,
+                   chat=False)
+    assert out.plain["same_tokens"], (out.token_ids, out.plain["token_ids"])
+    assert len(out.token_ids) == 30 and out.target_calls <= 30
+    assert all(0 <= a <= 1 for a in out.acceptance)
+
+
+def test_sampled_speculation_is_seeded(pair):
+    target, draft, tok = pair
+    kw = dict(gamma=3, max_new_tokens=20, temperature=0.9, top_k=20, chat=False)
+    a = generate(target, draft, tok, "the dog", seed=5, **kw)
+    assert a.token_ids == generate(target, draft, tok, "the dog", seed=5, **kw).token_ids
+    assert a.target_calls < 20  # some drafts passed
+
+
+def test_truncated_cache_equals_one_that_never_saw_the_rejected_tokens(pair):
+    target, _, _ = pair
+    ids = torch.randint(0, target.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    a, b = target.new_cache(max_len=32), target.new_cache(max_len=32)
+    target(ids, cache=a)
+    a.truncate(8)  # four "rejected" positions dropped
+    target(ids[:, :8], cache=b)
+    nxt = torch.tensor([[7, 9]])
+    assert torch.allclose(target(nxt, cache=a), target(nxt, cache=b), atol=1e-6)
+
+
+def test_bad_input_names_the_parameter(pair):
+    target, draft, tok = pair
+    for gamma in (0, -1, 2.5, "fast", True):
+        with pytest.raises(ValueError, match="gamma must be an integer in"):
+            generate(target, draft, tok, "the", gamma=gamma)
+    other = tiny(vocab_size=300)
+    with pytest.raises(ValueError, match=rf"the draft's vocabulary \(300\) differs from the target's \({tok.vocab_size}\)"):
+        generate(target, other, tok, "the")
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        PromptLookup(max_ngram=1, min_ngram=2)
+
+
+def test_speculation_on_the_shakespeare_pair_is_exact():
+    target, tok = labkit.load("shakespeare")
+    draft, _ = labkit.load("shakespeare-draft")
+    out = generate(target, draft, tok, "ROMEO:\nWhat light through yonder window", gamma=4, max_new_tokens=40,
+                   compare=True)
+    assert out.plain["same_tokens"] and out.tokens_per_call > 1
