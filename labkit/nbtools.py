@@ -100,13 +100,20 @@ def stub_source(source: str) -> str:
 
 
 def student_copy(nb):
-    """Return a copy of `nb` whose cells tagged `solution` have their function bodies stubbed."""
+    """Return a copy of `nb` whose cells tagged `solution` have their function bodies stubbed.
+
+    Every code cell's stored output goes too: a student runs the chapter, and a stored
+    `[PASS]` under a checker cell would give away that the stub passes (it does not).
+    """
     import copy
 
     import nbformat
 
     out = copy.deepcopy(nb)
     for cell in out.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
         if cell.cell_type == "code" and SOLUTION_TAG in cell.metadata.get("tags", []):
             cell.source = stub_source(cell.source)
             cell.outputs = []

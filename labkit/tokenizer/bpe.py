@@ -130,6 +130,12 @@ class BPETokenizer:
                 ids.extend(self.encode_ordinary(part))
         return ids
 
+    def encode_iterable(self, chunks: Iterable[str], allowed_special: str | Iterable[str] = "all"):
+        """Encode chunks of one text (e.g. a file's lines) lazily, in bounded memory; yields the ids of `encode`."""
+        from labkit.tokenizer.lazy import encode_iterable
+
+        return encode_iterable(self, chunks, allowed_special)
+
     def _allowed(self, allowed_special, text: str) -> frozenset[str]:
         if allowed_special == "all":
             return frozenset(self.special_tokens)
