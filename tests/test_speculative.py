@@ -119,3 +119,13 @@ def test_speculation_on_the_shakespeare_pair_is_exact():
     out = generate(target, draft, tok, "ROMEO:\nWhat light through yonder window", gamma=4, max_new_tokens=40,
                    compare=True)
     assert out.plain["same_tokens"] and out.tokens_per_call > 1
+
+
+def test_bench_prediction_formula():
+    from labkit.benchmarks.speculative import predicted_speedup
+
+    t_rel = {k: 1.0 for k in range(2, 10)}  # a target pass costs the same for any k (a GPU's ideal)
+    assert predicted_speedup(0.0, 4, 0.0, t_rel) == 1.0  # nothing accepted: one token per pass
+    assert predicted_speedup(1.0 - 1e-9, 4, 0.0, t_rel) == pytest.approx(5.0, rel=1e-2)
+    t_rel = {k: 1.0 + 0.5 * (k - 1) for k in range(2, 10)}  # a CPU: the pass grows with k
+    assert predicted_speedup(0.8, 4, 0.1, t_rel) == pytest.approx((1 - 0.8 ** 5) / 0.2 / (0.4 + 3.0))

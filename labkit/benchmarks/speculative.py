@@ -1,0 +1,110 @@
+"""Speculative decoding on this machine: acceptance, tokens per target call, measured and predicted speed-up.
+
+Greedy decoding, so every speculative reply must equal the plain one token for token (it is
+checked and printed). The speed-up is plain wall time / speculative wall time, medians of
+runs interleaved side by side. The prediction uses the measured acceptance α and costs:
+a draft step c and a target pass over k tokens T(k), both relative to one plain step T(1):
+E(γ) / (γ·c + T(γ+1)) with E(γ) = (1 − α^(γ+1)) / (1 − α).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+TITLE = "Speculative decoding: acceptance, tokens/call, speed-up measured vs predicted (Shakespeare pair, SmolLM2 + lookup)"
+
+PASSAGE = ("The lighthouse keeper climbed the tower every evening at dusk. He trimmed the wick, wound the clockwork "
+           "that turned the lens, and wrote the weather in his log: wind, sea, and the ships that passed.")
+CODE = "def total(xs):\n    s = 0\n    for x in xs:\n        s = s + x\n    return s\n"
+SMOL_PROMPTS = {
+    "open chat": "Tell me about the moon in three sentences.",
+    "summarise": f"Summarise this passage in two sentences, reusing its words:\n\n{PASSAGE}",
+    "edit code": f"Rename the variable s to running_sum in this code and return the whole code:\n\n{CODE}",
+}
+BARD_PROMPTS = {"continue a speech": "ROMEO:\nBut soft, what light through yonder window breaks?\n"}
+
+
+def target_pass_s(model, k: int, position: int = 64, repeat: int = 5) -> float:
+    """Median time of one forward over k new tokens on a cache already holding `position` tokens."""
+    import torch
+
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeat + 1):
+            cache = model.new_cache(max_len=position + k + 1)
+            model(torch.zeros(1, position, dtype=torch.long), cache=cache)
+            start = time.perf_counter()
+            model(torch.ones(1, k, dtype=torch.long), cache=cache)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict[int, float]) -> float:
+    from labkit.speculative import expected_tokens
+
+    return expected_tokens(min(alpha, 0.999), gamma) / (gamma * c + t_rel[gamma + 1])
+
+
+def _case(target, make_drafter, tok, prompt, gammas, n, rounds, chat, c, t_rel) -> list[dict]:
+    import labkit
+    from labkit import speculative
+
+    plain_s, spec_s, outs = [], {g: [] for g in gammas}, {}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        plain = labkit.generate(target, tok, prompt, max_new_tokens=n, chat=chat)
+        plain_s.append(time.perf_counter() - t0)
+        for g in gammas:
+            out = speculative.generate(target, make_drafter(), tok, prompt, gamma=g, max_new_tokens=n, chat=chat)
+            spec_s[g].append(out.wall_s)
+            outs[g] = out
+    rows = []
+    for g in gammas:
+        out = outs[g]
+        proposed = sum(out.proposed)
+        alpha = sum(a * p for a, p in zip(out.acceptance, out.proposed)) / proposed if proposed else 0.0
+        row = {"gamma": g, "alpha": alpha, "tokens_per_call": out.tokens_per_call,
+               "speedup": statistics.median(plain_s) / statistics.median(spec_s[g]),
+               "same_as_plain": out.token_ids == plain.token_ids, "acceptance_by_position": out.acceptance}
+        if isinstance(g, int):
+            row["predicted"] = predicted_speedup(alpha, g, c, t_rel)
+        rows.append(row)
+    return rows
+
+
+def run(quick: bool = False) -> dict:
+    import torch
+
+    import labkit
+    from labkit.speculative import DraftModel, PromptLookup
+
+    n, rounds = (24, 1) if quick else (48, 3)
+    gammas = [2, 4] if quick else [1, 2, 4, 6, "auto"]
+    report = {"threads": torch.get_num_threads(), "new_tokens": n, "rounds": rounds, "cases": {}}
+    pairs = []
+    try:
+        bard, bard_tok = labkit.load("shakespeare")
+        bard_draft, _ = labkit.load("shakespeare-draft")
+        pairs.append(("shakespeare + draft model", bard, bard_tok, lambda: DraftModel(bard_draft), BARD_PROMPTS, False,
+                      bard_draft))
+    except FileNotFoundError as exc:
+        print(f"  Shakespeare pair skipped: {exc}")
+    try:
+        smol, smol_tok = labkit.load("smollm2-135m")
+        pairs.append(("smollm2 + prompt lookup", smol, smol_tok, PromptLookup, SMOL_PROMPTS, None, None))
+    except FileNotFoundError as exc:
+        print(f"  SmolLM2 skipped: {exc}")
+    for label, target, tok, make, prompts, chat, draft_model in pairs:
+        t1 = target_pass_s(target, 1)
+        t_rel = {k: target_pass_s(target, k) / t1 for k in range(2, 9)}
+        c = target_pass_s(draft_model, 1) / t1 if draft_model is not None else 0.0
+        print(f"  {label}: T(k)/T(1) for k = 2..8: " + " ".join(f"{t_rel[k]:.2f}" for k in range(2, 9))
+              + f"; draft step c = {c:.3f} T(1)")
+        for kind, prompt in prompts.items():
+            rows = _case(target, make, tok, prompt, gammas, n, rounds, chat, c, t_rel)
+            report["cases"][f"{label} / {kind}"] = {"rows": rows, "t_rel": t_rel, "c": c}
+            for r in rows:
+                pred = f"{r['predicted']:.2f}x" if "predicted" in r else "  -  "
+                print(f"    {kind:18s} gamma {str(r['gamma']):>4s}: alpha {r['alpha']:.2f}, {r['tokens_per_call']:.2f} tokens/call, "
+                      f"speed-up {r['speedup']:.2f}x (predicted {pred}), same tokens as plain: {r['same_as_plain']}")
+    return report
