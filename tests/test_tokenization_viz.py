@@ -90,6 +90,8 @@ def test_token_costs_scale_with_tokens(tok):
     assert list(fig.data[0].y) == [en["tokens"], zh["tokens"]]
     with pytest.raises(ValueError, match="n_params"):
         viz.token_costs({"tiny": tok}, {"en": "x"}, n_params=0)
+    (with_head,) = viz.token_costs({"tiny": tok}, {"zh": "现在是冬天"}, n_params=1e8, head_params=3e7)
+    assert with_head["prefill_gflop"] == pytest.approx(2 * (1e8 * 15 + 3e7) / 1e9)  # the head runs once, not per token
 
 
 def test_widgets_build_and_react(tok, sweep):

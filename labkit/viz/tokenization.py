@@ -109,16 +109,23 @@ def vocab_size_figure(sweep, vocab_size: int) -> go.Figure:
     return fig
 
 
-def token_costs(tokenizers: dict, texts: dict[str, str], n_params: float) -> list[dict]:
-    """Token count and prefill FLOPs (2 x n_params x tokens) of each text under each tokenizer."""
+def token_costs(tokenizers: dict, texts: dict[str, str], n_params: float, head_params: float = 0) -> list[dict]:
+    """Token count and prefill FLOPs of each text under each tokenizer.
+
+    Prefill multiplies every prompt token by the `n_params` weights of the layers (2 FLOPs per
+    weight) and runs the LM head (`head_params` weights) for the last position only, as
+    `labkit.prefill` does: 2 x (n_params x tokens + head_params).
+    """
     if not (isinstance(n_params, (int, float)) and n_params > 0):
         raise ValueError(f"n_params must be a positive number, got {n_params!r}")
+    if not (isinstance(head_params, (int, float)) and head_params >= 0):
+        raise ValueError(f"head_params must be a number >= 0, got {head_params!r}")
     rows = []
     for tok_name, tok in tokenizers.items():
         for label, text in texts.items():
             n = len(tok.encode(text, allowed_special="none"))
             rows.append({"tokenizer": tok_name, "text": label, "characters": len(text), "bytes": len(text.encode("utf-8")),
-                         "tokens": n, "prefill_gflop": 2 * n_params * n / 1e9})
+                         "tokens": n, "prefill_gflop": 2 * (n_params * n + head_params) / 1e9})
     return rows
 
 
