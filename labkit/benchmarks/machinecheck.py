@@ -5,7 +5,7 @@ The model gets this machine's measured streaming-read bandwidth and matmul FLOP/
 efficiency the lab's own transformer reaches (design target: >= 45 % of the read roofline).
 
     >>> result = compare(prompt_len=64, n_tokens=16)       # doctest: +SKIP
-    >>> result["ratio"]                                     # measured / modelled decode time, e.g. 1.8
+    >>> result["ratio"]          # measured / modelled decode time   # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -20,6 +20,25 @@ __all__ = ["measure", "compare", "prompt_ids"]
 def prompt_ids(prompt_len: int, vocab_size: int) -> list[int]:
     """A fixed prompt of `prompt_len` ordinary token ids (the content does not change the timing)."""
     return [100 + (37 * i) % (vocab_size - 200) for i in range(prompt_len)]
+
+
+def busy_reason(samples_gb_s: list[float], reference_gb_s: float, spread: float = 0.3) -> str | None:
+    """Why the machine looks busy (None if it does not): bandwidth samples taken around a measurement
+    that disagree with each other, or fall well below this machine's own measured bandwidth.
+
+    >>> busy_reason([20.0, 21.0], 20.5) is None
+    True
+    >>> busy_reason([8.0, 19.0], 20.0)
+    'the read bandwidth moved from 8.0 to 19.0 GB/s during the run (this machine: 20.0 GB/s): other programs are competing for memory'
+    """
+    lo, hi = min(samples_gb_s), max(samples_gb_s)
+    if hi <= 0 or reference_gb_s <= 0:
+        raise ValueError(f"bandwidths must be > 0, got {samples_gb_s} and {reference_gb_s}")
+    first, last = samples_gb_s[0], samples_gb_s[-1]
+    if (hi - lo) / hi > spread or lo < (1 - spread) * reference_gb_s:
+        return (f"the read bandwidth moved from {first:.1f} to {last:.1f} GB/s during the run (this machine: "
+                f"{reference_gb_s:.1f} GB/s): other programs are competing for memory")
+    return None
 
 
 def measure(model, prompt_len: int = 64, n_tokens: int = 16, repeats: int = 2) -> dict:
@@ -56,9 +75,14 @@ def compare(model=None, prompt_len: int = 64, n_tokens: int = 16, hw=None, repea
         from labkit.registry import load
 
         model, _ = load("smollm2-135m")
+    from labkit.costmodel.measure import read_bandwidth_gb_s
+
     hw = this_machine() if hw is None else hardware(hw)
     bits = 8 * next(model.parameters()).element_size()
+    before = read_bandwidth_gb_s(seconds=0.25)
     measured = measure(model, prompt_len, n_tokens, repeats)
+    after = read_bandwidth_gb_s(seconds=0.25)
+    busy = busy_reason([before, after], this_machine().mem_bw_gbs)
     # the first decode step runs at context prompt_len: one more token than the steps measured
     est = estimate(model.config, hw, prompt_len, n_tokens + 1, weight_bits=bits, kv_bits=bits, act_bits=bits)
     ratio = float(np.median(measured["step_s"]) / np.mean(est.decode_step_s))
@@ -66,5 +90,6 @@ def compare(model=None, prompt_len: int = 64, n_tokens: int = 16, hw=None, repea
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"measured_prefill_s": measured["prefill_s"], "modelled_prefill_s": est.prefill_s,
             "measured_step_s": measured["step_s"], "modelled_step_s": est.decode_step_s, "ratio": ratio,
-            "weight_bytes": weight_bytes, "hardware": hw.name, "bits": bits,
+            "weight_bytes": weight_bytes, "hardware": hw.name, "bits": bits, "busy": busy,
+            "bandwidth_samples_gb_s": [before, after],
             "achieved_read_gb_s": est.weight_bytes / float(np.median(measured["step_s"])) / 1e9}
