@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.speculative import DraftModel, PromptLookup, accept_sampled, expected_tokens, generate, residual
+from labkit.speculative import DraftModel, LayerSkip, PromptLookup, accept_sampled, expected_tokens, generate, residual
 from labkit.tokenizer import BPETokenizer
 from tests.kvcache_shared import tiny
 
@@ -70,11 +70,11 @@ def pair():
     return target, draft, tok
 
 
-@pytest.mark.parametrize("drafter", ["model", "lookup"])
+@pytest.mark.parametrize("drafter", ["model", "lookup", "layerskip"])
 @pytest.mark.parametrize("gamma", [1, 3, "auto"])
 def test_greedy_speculation_is_token_for_token_the_target(pair, drafter, gamma):
     target, draft, tok = pair
-    d = DraftModel(draft) if drafter == "model" else PromptLookup()
+    d = {"model": lambda: DraftModel(draft), "lookup": PromptLookup, "layerskip": lambda: LayerSkip(target, 1)}[drafter]()
     out = generate(target, d, tok, "the cat sat on the mat and the dog", gamma=gamma, max_new_tokens=30, compare=True,
                    chat=False)
     assert out.plain["same_tokens"], (out.token_ids, out.plain["token_ids"])
@@ -129,3 +129,19 @@ def test_bench_prediction_formula():
     assert predicted_speedup(1.0 - 1e-9, 4, 0.0, t_rel) == pytest.approx(5.0, rel=1e-2)
     t_rel = {k: 1.0 + 0.5 * (k - 1) for k in range(2, 10)}  # a CPU: the pass grows with k
     assert predicted_speedup(0.8, 4, 0.1, t_rel) == pytest.approx((1 - 0.8 ** 5) / 0.2 / (0.4 + 3.0))
+
+
+def test_layer_skip_leaves_the_target_cache_as_it_found_it(pair):
+    target, _, tok = pair
+    cache = target.new_cache(max_len=64)
+    ids = [5, 9, 30, 2, 7]
+    target(torch.tensor([ids[:-1]]), cache=cache)
+    keys = cache.keys[:, :, :, :4].clone()
+    d = LayerSkip(target, 1)
+    d.attach(cache)
+    tokens, q = d.propose(ids, 3, labkit.sampling.SamplingParams())
+    assert len(tokens) == 3 and q is None and cache.seq_len == 4 and torch.equal(cache.keys[:, :, :, :4], keys)
+    with pytest.raises(ValueError, match=r"k must be an integer in \[1, 1\]"):
+        LayerSkip(target, 2)
+    with pytest.raises(ValueError, match="n_layers must be an integer in"):
+        target(torch.tensor([ids]), n_layers=0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 
-TITLE = "Speculative decoding: acceptance, tokens/call, speed-up measured vs predicted (Shakespeare pair, SmolLM2 + lookup)"
+TITLE = "Speculative decoding: acceptance, tokens/call, speed-up measured vs predicted (draft model, layer skip, prompt lookup)"
 
 PASSAGE = ("The lighthouse keeper climbed the tower every evening at dusk. He trimmed the wick, wound the clockwork "
            "that turned the lens, and wrote the weather in his log: wind, sea, and the ships that passed.")
@@ -76,7 +76,7 @@ def run(quick: bool = False) -> dict:
     import torch
 
     import labkit
-    from labkit.speculative import DraftModel, PromptLookup
+    from labkit.speculative import DraftModel, LayerSkip, PromptLookup
 
     n, rounds = (24, 1) if quick else (48, 3)
     gammas = [2, 4] if quick else [1, 2, 4, 6, "auto"]
@@ -87,6 +87,9 @@ def run(quick: bool = False) -> dict:
         bard_draft, _ = labkit.load("shakespeare-draft")
         pairs.append(("shakespeare + draft model", bard, bard_tok, lambda: DraftModel(bard_draft), BARD_PROMPTS, False,
                       bard_draft))
+        half = bard.config.n_layers // 2
+        pairs.append((f"shakespeare + its first {half} layers", bard, bard_tok, lambda: LayerSkip(bard, half),
+                      BARD_PROMPTS, False, ("layers", half)))
     except FileNotFoundError as exc:
         print(f"  Shakespeare pair skipped: {exc}")
     try:
@@ -97,7 +100,10 @@ def run(quick: bool = False) -> dict:
     for label, target, tok, make, prompts, chat, draft_model in pairs:
         t1 = target_pass_s(target, 1)
         t_rel = {k: target_pass_s(target, k) / t1 for k in range(2, 9)}
-        c = target_pass_s(draft_model, 1) / t1 if draft_model is not None else 0.0
+        if isinstance(draft_model, tuple):  # early exit: a draft step runs that share of the layers
+            c = draft_model[1] / target.config.n_layers
+        else:
+            c = target_pass_s(draft_model, 1) / t1 if draft_model is not None else 0.0
         print(f"  {label}: T(k)/T(1) for k = 2..8: " + " ".join(f"{t_rel[k]:.2f}" for k in range(2, 9))
               + f"; draft step c = {c:.3f} T(1)")
         for kind, prompt in prompts.items():

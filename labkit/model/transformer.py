@@ -237,9 +237,16 @@ class Transformer(nn.Module):
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
 
-    def forward(self, ids: torch.Tensor, cache=None, last_only: bool = False) -> torch.Tensor:
-        """Logits [B, T, V] for ids [B, T] (`last_only`: only the last position, [B, 1, V])."""
+    def forward(self, ids: torch.Tensor, cache=None, last_only: bool = False, n_layers: int | None = None) -> torch.Tensor:
+        """Logits [B, T, V] for ids [B, T] (`last_only`: only the last position, [B, 1, V]).
+
+        `n_layers`: exit early, after the first n_layers blocks, into the final norm and LM head
+        (self-speculative drafting); the cache then gets keys and values for those layers only.
+        """
         self.check_ids(ids)
+        depth = len(self.layers) if n_layers is None else n_layers
+        if not isinstance(depth, int) or not 1 <= depth <= len(self.layers):
+            raise ValueError(f"n_layers must be an integer in [1, {len(self.layers)}], got {n_layers!r}")
         B, T = ids.shape
         if cache is None:
             if T > self.config.max_seq_len:
@@ -256,7 +263,7 @@ class Transformer(nn.Module):
                                  f"of {self.config.max_seq_len} tokens")
             rope = self.rope
             x = self.tok_embeddings(ids)  # [B, T, d_model]
-            for block in self.layers:
+            for block in self.layers[:depth]:
                 x = block(x, rope, positions, cache)
             if last_only:
                 x = x[:, -1:]

@@ -1,7 +1,7 @@
 """Speculative decoding: drafters (`drafters`), exact verification (`verify`), the decoding loop (`decode`)."""
 from labkit.speculative.decode import GAMMA_MAX, SpeculativeOutput, expected_tokens, generate
-from labkit.speculative.drafters import DraftModel, PromptLookup
+from labkit.speculative.drafters import DraftModel, LayerSkip, PromptLookup
 from labkit.speculative.verify import accept_greedy, accept_sampled, residual
 
-__all__ = ["generate", "SpeculativeOutput", "expected_tokens", "GAMMA_MAX", "DraftModel", "PromptLookup",
+__all__ = ["generate", "SpeculativeOutput", "expected_tokens", "GAMMA_MAX", "DraftModel", "PromptLookup", "LayerSkip",
            "accept_greedy", "accept_sampled", "residual"]

@@ -120,6 +120,8 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     t0 = time.perf_counter()
     gen = make_generator(seed) if not params.greedy else None
     cache = target.new_cache(max_len=min(target.config.max_seq_len, len(ids) + max_new_tokens + GAMMA_MAX + 65))
+    if hasattr(drafter, "attach"):
+        drafter.attach(cache)
     logits = target(torch.tensor([ids]), cache=cache, last_only=True)[0, -1].float()
     first = _pick(logits, ids, params, gen)
     history, out = ids + [first], [first]

@@ -10,7 +10,11 @@ was accepted and finds out from `history`, which always ends with the last emitt
 - `DraftModel`: a smaller model with the same vocabulary and its own KV cache (the
   Shakespeare draft for the Shakespeare target);
 - `PromptLookup`: the continuation of the latest earlier occurrence of the last n tokens
-  (Saxena 2023, "prompt lookup decoding"): free, and strong when the reply quotes its input.
+  (Saxena 2023, "prompt lookup decoding"): free, and strong when the reply quotes its input;
+- `LayerSkip`: the target itself, exiting after its first k layers into its own final norm
+  and LM head (self-speculation, as in Elhoushi et al. 2024 "LayerSkip", without their
+  early-exit training). It drafts on the target's own KV cache: layers < k write the draft
+  positions there, and the verification pass overwrites them, so no second cache is held.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import torch
 
 from labkit.sampling import SamplingParams, process_logits
 
-__all__ = ["DraftModel", "PromptLookup"]
+__all__ = ["DraftModel", "PromptLookup", "LayerSkip"]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -85,3 +89,47 @@ class PromptLookup:
                     if follow:
                         return list(follow), None
         return [], None
+
+
+class LayerSkip:
+    """Draft with the target's first `k` layers, on the target's own KV cache (`attach`ed by the decoding loop)."""
+
+    def __init__(self, target, k: int):
+        n = target.config.n_layers
+        if not isinstance(k, int) or not 1 <= k < n:
+            raise ValueError(f"k must be an integer in [1, {n - 1}] (the target has {n} layers), got {k!r}")
+        self.model, self.k = target, k
+        self.cache = None
+        self.steps = 0
+
+    def attach(self, cache) -> None:
+        """Use the target's cache, which holds every token of the history but the last."""
+        if not hasattr(cache, "truncate"):
+            raise ValueError(f"LayerSkip drafts on the target's cache and rolls it back; a {cache.kind} cache cannot")
+        self.cache = cache
+
+    @torch.inference_mode()
+    def propose(self, history: list[int], gamma: int, params: SamplingParams, generator=None):
+        if self.cache is None:
+            raise RuntimeError("LayerSkip needs the target's cache: the decoding loop calls attach(cache)")
+        start = self.cache.seq_len
+        if start != len(history) - 1:
+            raise ValueError(f"the target's cache holds {start} tokens; the history has {len(history)} (expected one more)")
+        seq, tokens, probs = list(history), [], []
+        try:
+            for _ in range(gamma):
+                x = torch.tensor([[seq[-1]]], device=self.model.device)
+                logits = self.model(x, cache=self.cache, last_only=True, n_layers=self.k)[0, -1].float()
+                self.steps += 1
+                logits = process_logits(logits, seq, params)
+                if params.greedy:
+                    tok = int(torch.argmax(logits))
+                else:
+                    q = torch.softmax(logits, dim=-1)
+                    tok = int(torch.multinomial(q, 1, generator=generator))
+                    probs.append(q)
+                tokens.append(tok)
+                seq.append(tok)
+        finally:
+            self.cache.truncate(start)  # the verification pass writes every layer at these positions
+        return tokens, (torch.stack(probs) if probs else None)
