@@ -61,3 +61,11 @@ def test_welcome_checker_catches_a_wrong_formula(capsys):
 
     assert check_decode_tokens_per_s(lambda n, b, bw: bw * 1e9 / (n * b))
     assert not check_decode_tokens_per_s(lambda n, b, bw: bw / (n * b))
+
+
+def test_largest_model_checker_needs_both_limits(capsys):
+    from labkit.exercises import check_largest_model
+
+    assert check_largest_model(lambda t, b, bw, mem: min(bw * 1e9 / t / b, mem * 1e9 / b))
+    assert not check_largest_model(lambda t, b, bw, mem: bw * 1e9 / t / b)  # forgets that the model must fit
+    assert not check_largest_model(lambda t, b, bw, mem: mem * 1e9 / b)  # forgets the speed

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from labkit.exercises._core import check
 
-__all__ = ["check_decode_tokens_per_s"]
+__all__ = ["check_decode_tokens_per_s", "check_largest_model"]
 
 
 def _reference_tokens_per_s(n_params: float, bytes_per_weight: float, bandwidth_gb_s: float) -> float:
@@ -20,4 +20,25 @@ def check_decode_tokens_per_s(fn) -> bool:
         _reference_tokens_per_s,
         cases,
         hint="a decode step reads every weight once; tokens/s = bandwidth (bytes/s) / bytes of weights",
+    )
+
+
+def _reference_largest_model(tokens_per_s: float, bytes_per_weight: float, bandwidth_gb_s: float, memory_gb: float) -> float:
+    # The bound read backwards: a model decodes at `tokens_per_s` if its bytes fit that many times a
+    # second into the bandwidth; it must also fit in memory. The smaller limit wins.
+    by_speed = bandwidth_gb_s * 1e9 / tokens_per_s / bytes_per_weight
+    by_memory = memory_gb * 1e9 / bytes_per_weight
+    return min(by_speed, by_memory)
+
+
+def check_largest_model(fn) -> bool:
+    """Check `fn(tokens_per_s, bytes_per_weight, bandwidth_gb_s, memory_gb) -> parameters` (the largest model)."""
+    cases = [(20.0, 0.5625, 76.8, 12.0), (20.0, 2.0, 76.8, 12.0), (5.0, 0.5625, 76.8, 12.0), (100.0, 4.0, 20.0, 24.0),
+             (30.0, 2.0, 3350.0, 80.0), (1.0, 2.0, 3350.0, 80.0)]
+    return check(
+        "largest_model",
+        fn,
+        _reference_largest_model,
+        cases,
+        hint="two limits: the bandwidth must stream the model tokens_per_s times a second, and the model must fit in memory",
     )
