@@ -40,7 +40,11 @@ def test_energy_vs_reply_figure_marks_n_star():
     r = power.energy_vs_reply_len(L32_3B, "phone-sd8gen3", 64, 256, switch="handoff", **PHONE)
     fig = vp.energy_vs_reply_figure(r)
     assert fig.data[2].x[0] == pytest.approx(r["n_star"])
-    assert np.array_equal(fig.data[1].y, r["split_j"])
+    ratio = np.asarray(fig.data[1].y)
+    assert np.allclose(ratio, r["split_j"] / r["monolithic_j"])
+    n = np.asarray(fig.data[1].x)  # the ratio crosses 1 where the simulation says: above it before, below after
+    assert (ratio[n < r["n_cross"]] > 1).all() and (ratio[n >= r["n_cross"]] < 1).all()
+    assert list(fig.data[3].x) == [r["n_cross"]] and f"crosses 1 at n = {r['n_cross']}" in fig.layout.title.text
 
 
 def test_kv_placement_stack_adds_up_to_the_energy_per_token():
