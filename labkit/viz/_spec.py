@@ -6,7 +6,9 @@ existing figure (a FigureWidget in a slider callback) without rebuilding it: a f
 """
 from __future__ import annotations
 
-__all__ = ["apply", "build"]
+__all__ = ["apply", "build", "wrap_title"]
+
+TITLE_WIDTH = 90  # characters per title line before it would run off a notebook-width figure
 
 
 def apply(fig, spec: dict):
@@ -17,7 +19,7 @@ def apply(fig, spec: dict):
     with fig.batch_update():
         for trace, update in zip(fig.data, traces):
             trace.update(update)
-        fig.layout.title.text = spec["title"]
+        fig.layout.title.text = wrap_title(spec["title"])
         if "shapes" in spec:
             fig.layout.shapes = spec["shapes"]
     return fig
@@ -25,5 +27,24 @@ def apply(fig, spec: dict):
 
 def build(fig, spec: dict, height: int = 420):
     """Finish a skeleton figure: style it and write the spec."""
-    fig.update_layout(height=height, margin=dict(t=60, l=60, r=20, b=50), legend=dict(orientation="h", y=-0.2))
+    lines = wrap_title(spec["title"]).count("<br>") + 1
+    fig.update_layout(height=height, margin=dict(t=40 + 22 * lines, l=60, r=20, b=50), legend=dict(orientation="h", y=-0.2))
     return apply(fig, spec)
+
+
+def wrap_title(title: str, width: int = TITLE_WIDTH) -> str:
+    """Break a long title into lines (plotly's `<br>`) at spaces, so it is not cut off at the figure's edge.
+
+    >>> wrap_title("a b c", width=3)
+    'a b<br>c'
+    """
+    if "<br>" in title or len(title) <= width:
+        return title
+    lines, line = [], ""
+    for word in title.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "<br>".join(lines + [line])
