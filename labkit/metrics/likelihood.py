@@ -32,15 +32,47 @@ def cache_logits(model, ids, cache=None, chunk: int = 32) -> torch.Tensor:
     return torch.cat([model(x[:, i:i + step], cache=cache)[0] for i in range(0, x.shape[1], step)])
 
 
-def nll(model, ids, cache=None, chunk: int = 32) -> float:
-    """Mean negative log-likelihood (nats per token) of ids[1:] given what came before."""
+def nll(model, ids, cache=None, chunk: int = 32, window: int | None = None, stride: int | None = None) -> float:
+    """Mean negative log-likelihood (nats per token) of ids[1:] given what came before.
+
+    With `window`, a text longer than the model's context is scored the way Hugging Face's
+    perplexity guide does: windows of `window` tokens every `stride` tokens (default: window),
+    each scoring only the tokens the previous window did not, with the rest as context.
+    """
     ids = list(ids)
     if len(ids) < 2:
         raise ValueError(f"ids must hold at least 2 tokens to score a prediction, got {len(ids)}")
+    if window is not None:
+        return _strided_nll(model, ids, window, stride or window)
     logits = cache_logits(model, ids, cache, chunk)[:-1].float()
     return float(F.cross_entropy(logits, torch.tensor(ids[1:], device=logits.device), reduction="mean"))
 
 
-def perplexity(model, ids, cache=None, chunk: int = 32) -> float:
-    """exp(mean NLL) of ids[1:] given what came before, through `cache` (see `cache_logits`)."""
-    return math.exp(nll(model, ids, cache, chunk))
+@torch.inference_mode()
+def _strided_nll(model, ids: list[int], window: int, stride: int) -> float:
+    if not isinstance(window, int) or window < 2:
+        raise ValueError(f"window must be an integer >= 2, got {window!r}")
+    if not isinstance(stride, int) or not 1 <= stride <= window:
+        raise ValueError(f"stride must be an integer in [1, window={window}], got {stride!r}")
+    total, count, scored = 0.0, 0, 1  # ids[0] is never predicted
+    for end in range(min(window, len(ids)), len(ids) + stride, stride):
+        end = min(end, len(ids))
+        begin = max(0, end - window)
+        if end <= scored:
+            continue
+        x = torch.tensor([ids[begin:end]])
+        logits = model(x)[0, :-1].float()  # predictions of ids[begin + 1:end]
+        first = scored - begin - 1  # skip what an earlier window scored
+        targets = torch.tensor(ids[scored:end], device=logits.device)
+        total += float(F.cross_entropy(logits[first:], targets, reduction="sum"))
+        count += end - scored
+        scored = end
+        if end == len(ids):
+            break
+    return total / count
+
+
+def perplexity(model, ids, cache=None, chunk: int = 32, window: int | None = None, stride: int | None = None) -> float:
+    """exp(mean NLL) of ids[1:] given what came before: through `cache` (see `cache_logits`), or in
+    windows of `window` tokens every `stride` (see `nll`)."""
+    return math.exp(nll(model, ids, cache, chunk, window, stride))
