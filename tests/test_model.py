@@ -159,6 +159,10 @@ def test_thread_split_matvec_equals_linear(monkeypatch):
     split = M.linear(x, w)
     assert split.shape == (1, 1, 96)
     torch.testing.assert_close(split, torch.nn.functional.linear(x, w), atol=1e-12, rtol=0)
+    few = torch.randn(2, 5, 40, generator=g, dtype=torch.float64)  # a few tokens (a verification pass) split too
+    torch.testing.assert_close(M.linear(few, w), torch.nn.functional.linear(few, w), atol=1e-12, rtol=0)
+    many = torch.randn(1, M.SPLIT_MAX_TOKENS + 1, 40, generator=g, dtype=torch.float64)  # more: F.linear itself
+    torch.testing.assert_close(M.linear(many, w), torch.nn.functional.linear(many, w), atol=0, rtol=0)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # 40 % 3: falls back to F.linear
     torch.testing.assert_close(M.linear(x, w), torch.nn.functional.linear(x, w), atol=0, rtol=0)
     model = tiny().column_major_()

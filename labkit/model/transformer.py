@@ -41,10 +41,11 @@ __all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer", "attention_
 # torch's own alike: there `torch.set_num_threads(1)` decodes fastest (measured here with one of two
 # cores kept busy: 12.4 tok/s on one thread, 4.5 tok/s on two).
 SPLIT_MATVEC: bool | None = None
+SPLIT_MAX_TOKENS = 16  # up to this many tokens per product take the split (measured: beyond, F.linear is as fast)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T, with the one-token case spread over all of torch's threads.
+    """x @ weight.T, with products over a few tokens spread over all of torch's threads.
 
     At batch 1 a decode step is a matrix-vector product per weight, and the BLAS runs it on
     one core, which streams the weights at one core's share of the memory bandwidth. For a
@@ -52,14 +53,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     `Transformer.column_major_`) the input features are cut into one slab of rows of Wᵀ per
     thread: every slab is one contiguous piece of memory, the slabs run as one batched product
     (`torch.bmm`, one core per slab), and their partial sums are added. Same arithmetic, in a
-    different order of additions (results agree to rounding).
+    different order of additions (results agree to rounding). The same split serves up to
+    `SPLIT_MAX_TOKENS` tokens at once (a speculative verification pass, a short prompt), where
+    the BLAS's own small-matrix path is slower still; longer inputs go to `F.linear`.
     """
     n_split = torch.get_num_threads()
     out_features, in_features = weight.shape
     split = n_split > 1 and (SPLIT_MATVEC is None or SPLIT_MATVEC)
-    if split and x.numel() == in_features and weight.stride(0) == 1 and in_features % n_split == 0:
+    tokens = x.numel() // in_features
+    if split and tokens <= SPLIT_MAX_TOKENS and weight.stride(0) == 1 and in_features % n_split == 0:
         slabs = weight.t().view(n_split, in_features // n_split, out_features)  # [n_split, in/n_split, out]
-        partial = torch.bmm(x.reshape(n_split, 1, in_features // n_split), slabs)  # [n_split, 1, out]
+        pieces = x.reshape(tokens, n_split, in_features // n_split).transpose(0, 1)  # [n_split, tokens, in/n_split]
+        partial = torch.bmm(pieces, slabs)  # [n_split, tokens, out]
         return partial.sum(0).view(*x.shape[:-1], out_features)
     return F.linear(x, weight)
 
