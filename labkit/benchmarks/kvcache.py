@@ -9,14 +9,13 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 def run(quick: bool = False) -> dict:
     import torch
 
-    import labkit
     from labkit.generation import latency
 
-    try:
-        model, tok = labkit.load("smollm2-135m")
-    except FileNotFoundError as exc:
-        print(f"  skipped: {exc}")
-        return {"skipped": str(exc)}
+    from labkit.benchmarks._models import load_or_skip
+
+    model, tok, skipped = load_or_skip("smollm2-135m")
+    if skipped:
+        return skipped
     print(f"  torch threads: {torch.get_num_threads()}, SmolLM2-135M float32")
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
 

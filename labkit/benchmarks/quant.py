@@ -32,11 +32,11 @@ def run(quick: bool = False) -> dict:
     from labkit.costmodel.measure import read_bandwidth_gb_s
     from labkit.quant import has_kernel, model_nbytes, quantize_model
 
-    try:
-        model, tok = labkit.load("smollm2-135m")
-    except FileNotFoundError as exc:
-        print(f"  skipped: {exc}")
-        return {"skipped": str(exc)}
+    from labkit.benchmarks._models import load_or_skip
+
+    model, tok, skipped = load_or_skip("smollm2-135m")
+    if skipped:
+        return skipped
     if not (has_kernel(8) and has_kernel(4)):
         print("  skipped: this torch build has no packed int8/int4 CPU kernels")
         return {"skipped": "no packed kernels"}

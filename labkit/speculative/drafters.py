@@ -34,6 +34,22 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _draw(next_logits, history: list[int], gamma: int, params: SamplingParams, generator):
+    """γ tokens, each from the sampler pipeline applied to `next_logits(seq)`: (tokens, q [γ, V] or None if greedy)."""
+    seq, tokens, probs = list(history), [], []
+    for _ in range(gamma):
+        logits = process_logits(next_logits(seq), seq, params)
+        if params.greedy:
+            x = int(torch.argmax(logits))
+        else:
+            q = torch.softmax(logits, dim=-1)
+            x = int(torch.multinomial(q, 1, generator=generator))
+            probs.append(q)
+        tokens.append(x)
+        seq.append(x)
+    return tokens, (torch.stack(probs) if probs else None)
+
+
 class DraftModel:
     """Draft with a small model: γ one-token forwards on its own KV cache, rolled back to what was accepted."""
 
@@ -56,19 +72,7 @@ class DraftModel:
         return logits[0, -1].float()
 
     def propose(self, history: list[int], gamma: int, params: SamplingParams, generator=None):
-        seq = list(history)
-        tokens, probs = [], []
-        for i in range(gamma):
-            logits = process_logits(self._logits_after(seq), seq, params)
-            if params.greedy:
-                x = int(torch.argmax(logits))
-            else:
-                q = torch.softmax(logits, dim=-1)
-                x = int(torch.multinomial(q, 1, generator=generator))
-                probs.append(q)
-            tokens.append(x)
-            seq.append(x)
-        return tokens, (torch.stack(probs) if probs else None)
+        return _draw(self._logits_after, history, gamma, params, generator)
 
 
 class PromptLookup:
@@ -115,21 +119,12 @@ class LayerSkip:
         start = self.cache.seq_len
         if start != len(history) - 1:
             raise ValueError(f"the target's cache holds {start} tokens; the history has {len(history)} (expected one more)")
-        seq, tokens, probs = list(history), [], []
+        def next_logits(seq):
+            x = torch.tensor([[seq[-1]]], device=self.model.device)
+            self.steps += 1
+            return self.model(x, cache=self.cache, last_only=True, n_layers=self.k)[0, -1].float()
+
         try:
-            for _ in range(gamma):
-                x = torch.tensor([[seq[-1]]], device=self.model.device)
-                logits = self.model(x, cache=self.cache, last_only=True, n_layers=self.k)[0, -1].float()
-                self.steps += 1
-                logits = process_logits(logits, seq, params)
-                if params.greedy:
-                    tok = int(torch.argmax(logits))
-                else:
-                    q = torch.softmax(logits, dim=-1)
-                    tok = int(torch.multinomial(q, 1, generator=generator))
-                    probs.append(q)
-                tokens.append(tok)
-                seq.append(tok)
+            return _draw(next_logits, history, gamma, params, generator)
         finally:
             self.cache.truncate(start)  # the verification pass writes every layer at these positions
-        return tokens, (torch.stack(probs) if probs else None)
