@@ -9,9 +9,8 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 def run(quick: bool = False) -> dict:
     import torch
 
-    from labkit.generation import latency
-
     from labkit.benchmarks._models import load_or_skip
+    from labkit.generation import latency
 
     model, tok, skipped = load_or_skip("smollm2-135m")
     if skipped:
