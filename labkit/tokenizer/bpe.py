@@ -156,19 +156,26 @@ class BPETokenizer:
             raise ValueError(f"allowed_special names {unknown}, which are not special tokens of this tokenizer")
         return allowed
 
+    def encode_piece(self, piece: str) -> list[int]:
+        """The ids of one pre-tokenizer piece (merged as a whole, never split again), from the cache."""
+        piece_ids = self._cache.get(piece)
+        if piece_ids is None:
+            piece_ids = self._encode_piece(piece)
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[piece] = piece_ids
+        return piece_ids
+
     def encode_ordinary(self, text: str) -> list[int]:
         """Text -> ids, treating special-token text as ordinary text."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         ids: list[int] = []
         cache = self._cache
-        for piece in self._regex.findall(text):
+        for piece in self._regex.findall(text):  # `encode_piece`, inlined: this loop is the encoder's hot path
             piece_ids = cache.get(piece)
             if piece_ids is None:
-                piece_ids = self._encode_piece(piece)
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cache[piece] = piece_ids
+                piece_ids = self.encode_piece(piece)
             ids.extend(piece_ids)
         return ids
 

@@ -20,20 +20,34 @@ from typing import Iterable, Iterator
 __all__ = ["encode_iterable"]
 
 
-def _safe_cut(tok, buf: str, specials: frozenset[str]) -> int:
+def _stable(tok, buf: str, specials: frozenset[str]) -> tuple[str, list[str], str]:
+    """(head, pieces, rest): `head` ends with the last complete special token (encode it whole),
+    `pieces` are the pre-tokenizer pieces after it that no later text can change, `rest` is held back."""
     start = 0  # the last ordinary part: the text after the last complete special token
     for s in specials:
         i = buf.rfind(s)
         if i >= 0:
             start = max(start, i + len(s))
-    part = buf[start:]
-    longest = max((len(s) for s in specials), default=1)
-    starts = [m.start() for m in tok._regex.finditer(part)]
-    if len(starts) < 3:
-        return start
-    limit = min(starts[-2], len(part) - longest + 1)  # stable pieces only, and no half special token
-    cut = max((s for s in starts if s <= limit), default=0)
-    return start + cut
+    head, part = buf[:start], buf[start:]
+    # More ordinary text may follow: then only the last two pieces can still change (the regex
+    # looks one character ahead, and a run of spaces backs off before a word). Or a special
+    # token may begin anywhere in the last characters (or right after them): the ordinary text
+    # then ends there, which can change pieces further back. Keep what every case agrees on.
+    spans = [_spans(tok, part)[:-2]]
+    if specials:
+        longest = max(len(s) for s in specials)
+        spans += [_spans(tok, part[:end]) for end in range(max(0, len(part) - longest + 1), len(part) + 1)]
+    common = []
+    for same in zip(*spans):
+        if any(s != same[0] for s in same):
+            break
+        common.append(same[0])
+    cut = common[-1][1] if common else 0
+    return head, [part[a:b] for a, b in common], part[cut:]
+
+
+def _spans(tok, text: str) -> list[tuple[int, int]]:
+    return [m.span() for m in tok._regex.finditer(text)]
 
 
 def encode_iterable(tok, chunks: Iterable[str], allowed_special="all") -> Iterator[int]:
@@ -44,9 +58,11 @@ def encode_iterable(tok, chunks: Iterable[str], allowed_special="all") -> Iterat
         if not isinstance(chunk, str):
             raise TypeError(f"chunks must be str, got {type(chunk).__name__}")
         buf += chunk
-        cut = _safe_cut(tok, buf, specials)
-        if cut:
-            yield from tok.encode(buf[:cut], allowed_special)
-            buf = buf[cut:]
+        head, pieces, rest = _stable(tok, buf, specials)
+        if head:
+            yield from tok.encode(head, allowed_special)
+        for piece in pieces:  # encoded as the pieces they are in the whole text, not re-split
+            yield from tok.encode_piece(piece)
+        buf = rest
     if buf:
         yield from tok.encode(buf, allowed_special)
