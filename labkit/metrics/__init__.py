@@ -4,7 +4,7 @@ These take the logits or ids they are given (or call the model they are handed);
 import nothing else from labkit, so every layer above can measure with them.
 """
 from labkit.metrics.compare import kl_to_reference, top1_agreement
-from labkit.metrics.likelihood import cache_logits, nll, perplexity
+from labkit.metrics.likelihood import bits_per_byte, cache_logits, nll, perplexity
 from labkit.metrics.text import distinct_n, repeated_ngram_rate
 
-__all__ = ["perplexity", "nll", "cache_logits", "kl_to_reference", "top1_agreement", "repeated_ngram_rate", "distinct_n"]
+__all__ = ["perplexity", "nll", "bits_per_byte", "cache_logits", "kl_to_reference", "top1_agreement", "repeated_ngram_rate", "distinct_n"]

@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["cache_logits", "nll", "perplexity"]
+__all__ = ["cache_logits", "nll", "perplexity", "bits_per_byte"]
 
 
 @torch.inference_mode()
@@ -76,3 +76,16 @@ def perplexity(model, ids, cache=None, chunk: int = 32, window: int | None = Non
     """exp(mean NLL) of ids[1:] given what came before: through `cache` (see `cache_logits`), or in
     windows of `window` tokens every `stride` (see `nll`)."""
     return math.exp(nll(model, ids, cache, chunk, window, stride))
+
+
+def bits_per_byte(nats_per_token: float, tok, targets) -> float:
+    """A loss in nats per token as bits per byte of the text the `targets` ids stand for.
+
+    Comparable across tokenizers (a character-level model's bits per character on ASCII text
+    is the same number): nats · tokens / (bytes · ln 2). `tok` needs `token_bytes(id)`.
+    """
+    ids = [int(i) for i in (targets.reshape(-1).tolist() if hasattr(targets, "reshape") else targets)]
+    n_bytes = sum(len(tok.token_bytes(i)) for i in ids)
+    if n_bytes == 0:
+        raise ValueError("targets stand for no bytes of text; bits per byte is undefined")
+    return nats_per_token * len(ids) / n_bytes / math.log(2)

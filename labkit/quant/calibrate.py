@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from labkit.quant.awq import awq_search
-from labkit.quant.gptq import gptq_quantize
+from labkit.quant.gptq import gptq_quantize, hessian
 
 __all__ = ["block_inputs", "gptq_blocks", "awq_blocks", "head_inputs"]
 
@@ -95,8 +95,8 @@ def gptq_blocks(model, calib, make_layer, bits, group_size, symmetric, damp, act
     if include_head:
         x = head_inputs(model, calib)
         head = model.tok_embeddings.weight if model.lm_head is None else model.lm_head.weight
-        model.lm_head = make_layer(gptq_quantize(head.detach(), 2.0 / x.shape[0] * x.double().t() @ x.double(),
-                                                 bits, group_size, symmetric, damp, act_order=act_order))
+        model.lm_head = make_layer(gptq_quantize(head.detach(), hessian(x), bits, group_size, symmetric, damp,
+                                                 act_order=act_order))
 
 
 @torch.no_grad()

@@ -27,7 +27,8 @@ from labkit.speculative.verify import accept_greedy, accept_sampled
 
 __all__ = ["generate", "SpeculativeOutput", "expected_tokens", "GAMMA_MAX"]
 
-GAMMA_MAX = 8
+GAMMA_MAX = 8  # the largest gamma 'auto' picks
+GAMMA_LIMIT = 64  # the largest fixed gamma accepted
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -60,8 +61,8 @@ class SpeculativeOutput:
 
 
 def _check(target, draft, gamma, max_new_tokens):
-    if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and 1 <= gamma <= 64)):
-        raise ValueError(f"gamma must be an integer in [1, 64] or 'auto', got {gamma!r}")
+    if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and 1 <= gamma <= GAMMA_LIMIT)):
+        raise ValueError(f"gamma must be an integer in [1, {GAMMA_LIMIT}] or 'auto', got {gamma!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     dm = getattr(draft, "model", None)
@@ -109,23 +110,23 @@ class _AutoGamma:
 def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: int = 64, seed: int | None = 0,
              chat: bool | None = None, compare: bool = False, **sampling) -> SpeculativeOutput:
     """Generate with speculative decoding; `draft` is a model (same vocabulary) or a drafter object."""
-    from labkit.generation.reply import _prompt_ids
+    from labkit.generation.reply import encode_prompt
 
     drafter = draft if hasattr(draft, "propose") else DraftModel(draft)
     _check(target, drafter, gamma, max_new_tokens)
     params = SamplingParams.from_kwargs(None, **sampling)
-    ids = _prompt_ids(tok, prompt, chat)
+    ids = encode_prompt(tok, prompt, chat)
     eos = getattr(tok, "eos_id", None)
     auto = _AutoGamma() if gamma == "auto" else None
     t0 = time.perf_counter()
     gen = make_generator(seed) if not params.greedy else None
-    cache = target.new_cache(max_len=min(target.config.max_seq_len, len(ids) + max_new_tokens + GAMMA_MAX + 65))
+    cache = target.new_cache(max_len=min(target.config.max_seq_len, len(ids) + max_new_tokens + GAMMA_LIMIT + 2))
     if hasattr(drafter, "attach"):
         drafter.attach(cache)
     logits = target(torch.tensor([ids]), cache=cache, last_only=True)[0, -1].float()
     first = _pick(logits, ids, params, gen)
     history, out = ids + [first], [first]
-    proposed, accepted, gammas, calls = [0] * 65, [0] * 65, [], 1
+    proposed, accepted, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1  # per draft position
     while len(out) < max_new_tokens and out[-1] != eos:
         g = auto.next() if auto else gamma
         g = max(0, min(g, max_new_tokens - len(out) - 1, cache.max_len - cache.seq_len - 2))
@@ -156,7 +157,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
         history += new
         out += new
     wall = time.perf_counter() - t0
-    depth = max((i + 1 for i in range(65) if proposed[i]), default=0)
+    depth = max((i + 1 for i, n in enumerate(proposed) if n), default=0)
     result = SpeculativeOutput(
         text=tok.decode([i for i in out if i != eos]), token_ids=out, prompt_ids=ids,
         acceptance=[accepted[i] / proposed[i] for i in range(depth)], proposed=proposed[:depth], gammas=gammas,

@@ -7,15 +7,9 @@ non-overlapping windows of the held-out plays, the same every time.
 """
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
-__all__ = ["encode_split", "Batches", "eval_windows", "text_sha256"]
-
-
-def text_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+__all__ = ["encode_split", "Batches", "eval_windows"]
 
 
 def encode_split(tok, text: str) -> torch.Tensor:

@@ -9,15 +9,15 @@ stored, so loading the file gives exactly the recorded number.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import platform
 from pathlib import Path
 
 import torch
 
 from labkit.data import corpus, paths
+from labkit.data.files import sha256
+from labkit.metrics import bits_per_byte
 from labkit.model.checkpoint import load_model, save_model
 from labkit.model.transformer import Transformer
 from labkit.tokenizer.named import SHAKESPEARE_BPE, get_tokenizer
@@ -41,17 +41,12 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def val_metrics(model, tok, val_ids: torch.Tensor, seq_len: int, n_windows: int) -> dict:
     """Validation loss (nats per token) and bits per byte on the fixed held-out windows."""
     x, y = eval_windows(val_ids, seq_len, n_windows)
     nats = evaluate(model, x, y)
     n_bytes = sum(len(tok.token_bytes(int(i))) for i in y.reshape(-1))
-    return {"val_loss": nats, "val_bits_per_byte": nats * y.numel() / n_bytes / math.log(2),
-            "val_tokens": y.numel(), "val_bytes": n_bytes}
+    return {"val_loss": nats, "val_bits_per_byte": bits_per_byte(nats, tok, y), "val_tokens": y.numel(), "val_bytes": n_bytes}
 
 
 def train_model(name: str, quick: bool = False, out_dir: str | Path | None = None, seed: int | None = None,
@@ -88,9 +83,9 @@ def train_model(name: str, quick: bool = False, out_dir: str | Path | None = Non
     record.update(val_metrics(stored, tok, val_ids, settings.seq_len, settings.eval_windows))
     record.update({
         "model": r.name, "n_params": r.config.n_params(), "teacher": r.teacher if teacher is not None else None,
-        "data": {"train_sha256": _sha256_file(paths.data_path(corpus.SPLITS["train"])),
-                 "val_sha256": _sha256_file(paths.data_path(corpus.SPLITS["val"])),
-                 "tokenizer_sha256": _sha256_file(paths.data_path(SHAKESPEARE_BPE)),
+        "data": {"train_sha256": sha256(paths.data_path(corpus.SPLITS["train"])),
+                 "val_sha256": sha256(paths.data_path(corpus.SPLITS["val"])),
+                 "tokenizer_sha256": sha256(paths.data_path(SHAKESPEARE_BPE)),
                  "train_tokens": int(train_ids.numel()), "val_tokens": int(val_ids.numel())},
         "seed": settings.seed, "steps": settings.steps, "labkit_version": _version(),
         "torch_version": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
