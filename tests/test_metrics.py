@@ -41,3 +41,29 @@ def test_kl_and_top1_agreement():
     assert metrics.top1_agreement(ref, other) == 0.5
     with pytest.raises(ValueError, match="logits of one shape"):
         metrics.kl_to_reference(ref, other[:1])
+
+
+def test_quality_windows_score_every_position_once():
+    for n, w, s in [(10, 4, 2), (50, 16, 8), (7, 8, 3), (33, 5, 5), (2, 2, 1)]:
+        scored = [t for _, end, first in metrics.protocol.windows(n, w, s) for t in range(first, end)]
+        assert scored == list(range(1, n))
+        assert all(end - begin <= w for begin, end, _ in metrics.protocol.windows(n, w, s))
+    with pytest.raises(ValueError, match="window must be an integer >= 2"):
+        metrics.protocol.windows(10, 1, 1)
+
+
+def test_quality_of_the_reference_is_zero_kl_full_agreement_and_its_own_perplexity():
+    model = tiny().requires_grad_(False)
+    x = ids(60)[0].tolist()
+    ref = metrics.reference_logits(model, x, window=16, stride=8)
+    row = metrics.quality(model, x, window=16, stride=8, reference=ref)
+    assert row["tokens"] == 59 and row["kl"] == pytest.approx(0.0, abs=1e-7) and row["top1"] == 1.0
+    assert row["nll"] == pytest.approx(metrics.nll(model, x, window=16, stride=8), rel=1e-6)
+    noisy = tiny().requires_grad_(False)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    worse = metrics.quality(noisy, x, window=16, stride=8, reference=ref)
+    assert worse["kl"] > 1e-4 and worse["nll"] != row["nll"]
+    with pytest.raises(ValueError, match="reference holds logits of shape"):
+        metrics.quality(model, x[:30], window=16, stride=8, reference=ref)

@@ -47,13 +47,45 @@ def test_a_quantized_model_generates_like_its_dequantized_self():
 
 def test_bad_input_says_what_is_allowed():
     w = torch.randn(16, 64)
-    with pytest.raises(ValueError, match="bits must be 8 or 4"):
+    with pytest.raises(ValueError, match=r"no packed kernel holds 3-bit codes.*reference=True"):
         QuantLinear.from_float(w, bits=3)
+    with pytest.raises(ValueError, match=r"bits must be one of \(2, 3, 4, 5, 6, 7, 8\), got 1"):
+        QuantLinear.from_float(w, bits=1, reference=True)
+    with pytest.raises(ValueError, match="int4 kernel takes asymmetric codes in groups of 32, 64, 128 or 256"):
+        QuantLinear.from_float(w, bits=4, group_size=16)
     with pytest.raises(ValueError, match=r"method must be one of \('rtn', 'gptq', 'awq'\), got 'gptq2'"):
         quantize_model(tiny(), method="gptq2")
     with pytest.raises(ValueError, match="group_size=48 does not divide the 64 input features"):
         QuantLinear.from_float(w, bits=4, group_size=48)
     with pytest.raises(ValueError, match="act_dtype must be one of"):
         QuantLinear.from_float(w, bits=8, act_dtype=torch.float16)
-    with pytest.raises(ValueError, match="int8 layers take per-channel symmetric codes"):
+    with pytest.raises(ValueError, match="int8 kernel takes per-channel symmetric codes"):
         QuantLinear(quantize(w, 8, 32))
+
+
+@pytest.mark.parametrize("bits,group_size", [(3, 16), (3, "channel"), (4, "channel"), (2, 32)])
+def test_layouts_without_a_kernel_run_as_the_float_reference(bits, group_size):
+    w, x = torch.randn(24, 64), torch.randn(5, 64)
+    layer = QuantLinear.from_float(w, bits=bits, group_size=group_size, reference=True)
+    qt = quantize(w, bits, group_size, symmetric=False)
+    assert layer.reference and torch.allclose(layer(x), x @ dequantize(qt).t(), atol=1e-5)
+    assert layer.nbytes() == 24 * 64 * bits // 8 + qt.scale.numel() * 8  # codes + a scale and a minimum per group
+
+
+def test_quantize_model_at_3_bits_and_per_channel_int4_runs_the_reference_and_loses_more():
+    model = tiny().requires_grad_(False)
+    ids = torch.randint(0, model.config.vocab_size, (1, 24))
+    ref = model(ids)
+    err = {}
+    for bits, group in [(8, 16), (4, 16), (4, "channel"), (3, 16)]:
+        q = quantize_model(model, bits=bits, group_size=group)
+        layers = [m for m in q.modules() if isinstance(m, QuantLinear)]
+        assert all(m.bits == bits for m in layers)
+        # int4 groups of 16, per-channel int4 and 3 bits are layouts no packed kernel takes
+        assert ("reference" in q.quantization["kernel"]) == (bits != 8 or not has_kernel(8))
+        assert all(m.reference for m in layers if m.bits == 3 or (m.bits == 4 and m.group_size not in (32, 64, 128, 256)))
+        err[(bits, group)] = float((q(ids) - ref).pow(2).mean())
+    assert err[(8, 16)] < err[(4, 16)] < err[(3, 16)]
+    assert err[(4, 16)] < err[(4, "channel")]  # one scale per row spans the row's outliers
+    with pytest.raises(ValueError, match=r"bits must be one of \(8, 4, 3\), got 2"):
+        quantize_model(model, bits=2)

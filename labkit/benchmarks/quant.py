@@ -1,22 +1,29 @@
-"""Fewer bits per weight, faster decode? SmolLM2 at batch 1 in float32, int8 and int4 (RTN), side by side.
+"""Fewer bits per weight, faster decode? SmolLM2 at batch 1 in every weight format, next to its peers.
 
-Each format decodes greedily after the same prompt; rounds are interleaved across formats so
-machine noise hits all alike, and each figure is a median over rounds. A decode step reads
-every weight once, so the bytes per token and the GB/s they imply are printed next to the
-speed, with this machine's streaming-read bandwidth (sampled every round) as the roofline:
-the roofline's tokens/s for a format is bandwidth / bytes per token.
+labkit decodes greedily in float32, bfloat16, int8 and int4 (RTN on the packed kernels) and
+from the GGUF file's own Q4_1 blocks; Hugging Face transformers (float32 and bfloat16, read
+from the same file) and llama.cpp (the same Q4_1 file) decode the same prompt when they are
+installed. Rounds are interleaved across all of them so machine noise hits all alike, and
+every figure is a median over rounds. A decode step reads every weight once, so bytes per
+token and the GB/s they imply are printed next to the speed, with this machine's
+streaming-read bandwidth (sampled every round) as the roofline: the roofline's tokens/s
+for a format is bandwidth / bytes per token. Prefill (time to first token) at 64 and 512
+prompt tokens of the held-out play follows, for the same contenders.
 """
 from __future__ import annotations
 
 import statistics
 import time
 
-TITLE = "SmolLM2 decode tokens/s by weight format (float32, int8, int4 RTN, the GGUF Q4_1 blocks): bytes/token, GB/s, roofline"
+TITLE = "SmolLM2 decode tokens/s and prefill TTFT by weight format (fp32, bf16, int8, int4, GGUF Q4_1) vs transformers and llama.cpp"
 
 PROMPT = "What is the capital of France? Answer in one sentence."
+PREFILL_TOKENS = (64, 512)
+TARGETS = [("bfloat16", "transformers bfloat16", 1.3), ("int8 RTN, bf16 act", "float32", 2.0),
+           ("int4 RTN g32, bf16 act", "float32", 2.5)]
 
 
-def _decode_s(model, ids: list[int], n: int) -> float:
+def _labkit_decode(model, ids: list[int], n: int) -> float:
     import labkit
 
     state = labkit.prefill(model, ids, max_len=len(ids) + n + 1)
@@ -25,52 +32,118 @@ def _decode_s(model, ids: list[int], n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
+def _labkit_prefill(model, ids: list[int]) -> float:
+    import labkit
+
+    start = time.perf_counter()
+    labkit.prefill(model, ids, max_len=len(ids) + 1)
+    return time.perf_counter() - start
+
+
+def _transformers_decode(model, ids: list[int], n: int) -> float:
+    from labkit.benchmarks.smollm2 import transformers_decode
+
+    return transformers_decode(model, ids, n) / n
+
+
+def _contenders(bf16):
+    """name -> (decode runner, prefill runner, model, bytes read per token); labkit first, then the peers found."""
+    import labkit
+    from labkit.benchmarks import _peers
+    from labkit.benchmarks.smollm2 import load_transformers
+    from labkit.quant import model_nbytes, quantize_model
+
+    model, tok = labkit.load("smollm2-135m")
+    native = labkit.load("smollm2-135m", dtype=bf16, weights="gguf")[0]
+    mine = {"float32": model, "bfloat16": labkit.load("smollm2-135m", dtype=bf16)[0],
+            "int8 RTN, fp32 act": quantize_model(model, bits=8),
+            "int8 RTN, bf16 act": quantize_model(model, bits=8, act_dtype=bf16),
+            "int4 RTN g32, bf16 act": quantize_model(model, bits=4, group_size=32, act_dtype=bf16),
+            "GGUF Q4_1 as stored": native}
+    out = {name: (_labkit_decode, _labkit_prefill, m, model_nbytes(m)) for name, m in mine.items()}
+    for dtype, like in ((model.tok_embeddings.weight.dtype, "float32"), (bf16, "bfloat16")):
+        peer = load_transformers(dtype)
+        if peer is None:
+            print("  transformers (+ accelerate) is not installed: no transformers rows")
+            break
+        out[f"transformers {like}"] = (_transformers_decode, _peers.transformers_prefill, peer, out[like][3])
+    llm = _peers.load_llama_cpp()
+    if llm is None:
+        print("  llama-cpp-python is not installed (pip install -e '.[peers]'): no llama.cpp row")
+    else:
+        out["llama.cpp Q4_1"] = (_peers.llama_cpp_decode, _peers.llama_cpp_prefill, llm, out["GGUF Q4_1 as stored"][3])
+    return out, tok
+
+
+def _interleaved(contenders: dict, run_one, rounds: int, between=None) -> dict:
+    """name -> list of run_one(entry) results, one per round, the contenders taking turns within a round."""
+    for entry in contenders.values():  # warm-up
+        run_one(entry, warm=True)
+    got = {name: [] for name in contenders}
+    for _ in range(rounds):
+        if between is not None:
+            between()
+        for name, entry in contenders.items():
+            got[name].append(run_one(entry, warm=False))
+    return got
+
+
 def run(quick: bool = False) -> dict:
     import torch
 
-    import labkit
     from labkit.costmodel.measure import read_bandwidth_gb_s
-    from labkit.quant import has_kernel, model_nbytes, quantize_model
+    from labkit.quant import has_kernel
+    from labkit.quant.sweep import held_out_ids
 
-    from labkit.benchmarks._models import load_or_skip
-
-    model, tok, skipped = load_or_skip("smollm2-135m")
-    if skipped:
-        return skipped
     if not (has_kernel(8) and has_kernel(4)):
         print("  skipped: this torch build has no packed int8/int4 CPU kernels")
         return {"skipped": "no packed kernels"}
-    bf16 = torch.bfloat16
-    native, _ = labkit.load("smollm2-135m", dtype=bf16, weights="gguf")
-    formats = {"float32": model,
-               "int8 RTN, fp32 act": quantize_model(model, bits=8),
-               "int8 RTN, bf16 act": quantize_model(model, bits=8, act_dtype=bf16),
-               "int4 RTN g32, bf16 act": quantize_model(model, bits=4, group_size=32, act_dtype=bf16),
-               "GGUF Q4_1 as stored": native}
+    try:
+        contenders, tok = _contenders(torch.bfloat16)
+    except FileNotFoundError as exc:
+        print(f"  skipped: {exc}")
+        return {"skipped": str(exc)}
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
-    reply = {name: labkit.decode(m, labkit.prefill(m, ids), 8) for name, m in formats.items()}
     n, rounds = (16, 3) if quick else (48, 7)
-    steps = {name: [] for name in formats}
     roof = []
-    for name, m in formats.items():  # warm-up
-        _decode_s(m, ids, 4)
-    for _ in range(rounds):
-        roof.append(read_bandwidth_gb_s(seconds=0.3))
-        for name, m in formats.items():
-            steps[name].append(_decode_s(m, ids, n))
+    steps = _interleaved(contenders, lambda e, warm: e[0](e[2], ids, 4 if warm else n), rounds,
+                         between=lambda: roof.append(read_bandwidth_gb_s(seconds=0.3)))
     bw = statistics.median(roof)
     print(f"  torch threads: {torch.get_num_threads()}; {n} greedy tokens per round, {rounds} rounds interleaved; "
           f"streaming read {bw:.1f} GB/s (median of rounds, {min(roof):.1f}-{max(roof):.1f})")
-    print(f"  {'format':24s} {'MB/token':>9s} {'tokens/s':>9s} {'vs fp32':>8s} {'GB/s':>6s} {'roofline tok/s':>15s}  first 8 tokens")
+    rate = {name: 1 / statistics.median(s) for name, s in steps.items()}
+    peer = max((r for name, r in rate.items() if name.startswith("transformers")), default=None)
+    llama = rate.get("llama.cpp Q4_1")
+    print(f"  {'format':24s} {'MB/token':>9s} {'tokens/s':>9s} {'vs fp32':>8s} {'vs HF':>6s} {'vs llama':>8s} "
+          f"{'GB/s':>6s} {'roofline tok/s':>15s}")
     rows = {}
-    base = statistics.median(steps["float32"])
-    for name, m in formats.items():
-        step = statistics.median(steps[name])
-        nbytes = model_nbytes(m)
-        rows[name] = {"bytes_per_token": nbytes, "step_s": step, "tokens_per_s": 1 / step, "vs_float32": base / step,
-                      "gb_s": nbytes / step / 1e9, "roofline_tokens_per_s": bw * 1e9 / nbytes,
-                      "same_tokens_as_float32": reply[name] == reply["float32"]}
-        r = rows[name]
-        print(f"  {name:24s} {nbytes / 1e6:9.1f} {r['tokens_per_s']:9.1f} {r['vs_float32']:7.2f}x {r['gb_s']:6.1f} "
-              f"{r['roofline_tokens_per_s']:15.0f}  {'same' if r['same_tokens_as_float32'] else 'differs'}")
-    return {"formats": rows, "roofline_gb_s": bw, "threads": torch.get_num_threads(), "tokens_per_round": n}
+    for name, (_, _, _, nbytes) in contenders.items():
+        r = rows[name] = {"bytes_per_token": nbytes, "step_s": 1 / rate[name], "tokens_per_s": rate[name],
+                          "vs_float32": rate[name] / rate["float32"], "gb_s": nbytes * rate[name] / 1e9,
+                          "roofline_tokens_per_s": bw * 1e9 / nbytes,
+                          "vs_transformers_best": rate[name] / peer if peer else None,
+                          "vs_llama_cpp": rate[name] / llama if llama else None}
+        fmt = lambda v: f"{v:5.2f}x" if v else "    - "  # noqa: E731
+        print(f"  {name:24s} {nbytes / 1e6:9.1f} {r['tokens_per_s']:9.1f} {r['vs_float32']:7.2f}x "
+              f"{fmt(r['vs_transformers_best'])} {fmt(r['vs_llama_cpp']):>8s} {r['gb_s']:6.1f} {r['roofline_tokens_per_s']:15.0f}")
+    print("  (vs HF: against transformers' faster dtype on this machine; vs llama: against llama.cpp on the Q4_1 file)")
+    targets = []
+    for name, against, goal in TARGETS + ([("fastest labkit", "llama.cpp Q4_1", 0.5)] if llama else []):
+        if against not in rate:
+            continue
+        mine = max(v for k, v in rate.items() if k in rows and not k.startswith(("transformers", "llama"))) \
+            if name == "fastest labkit" else rate[name]
+        ratio = mine / rate[against]
+        targets.append({"format": name, "against": against, "ratio": ratio, "target": goal, "met": ratio >= goal})
+        print(f"  target {name} >= {goal}x {against}: {ratio:.2f}x, {'met' if ratio >= goal else 'NOT met'}")
+    prefill = {}
+    for p in PREFILL_TOKENS:
+        pids = held_out_ids(tok, p)
+        got = _interleaved(contenders, lambda e, warm: e[1](e[2], pids), 1 if quick else 3)
+        prefill[p] = {name: statistics.median(s) for name, s in got.items()}
+    print(f"  prefill, time to first token (ms), median of {1 if quick else 3}:")
+    print(f"  {'format':24s} " + " ".join(f"{f'{p} tokens':>11s} {'tok/s':>6s}" for p in PREFILL_TOKENS))
+    for name in contenders:
+        print(f"  {name:24s} " + " ".join(f"{1e3 * prefill[p][name]:11.0f} {p / prefill[p][name]:6.0f}" for p in PREFILL_TOKENS))
+    return {"formats": rows, "roofline_gb_s": bw, "threads": torch.get_num_threads(), "tokens_per_round": n,
+            "targets": targets, "prefill_ttft_s": {str(p): v for p, v in prefill.items()}}

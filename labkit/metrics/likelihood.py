@@ -17,6 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from labkit.metrics.protocol import scored_logits
+
 __all__ = ["cache_logits", "nll", "perplexity", "bits_per_byte"]
 
 
@@ -48,28 +50,9 @@ def nll(model, ids, cache=None, chunk: int = 32, window: int | None = None, stri
     return float(F.cross_entropy(logits, torch.tensor(ids[1:], device=logits.device), reduction="mean"))
 
 
-@torch.inference_mode()
 def _strided_nll(model, ids: list[int], window: int, stride: int) -> float:
-    if not isinstance(window, int) or window < 2:
-        raise ValueError(f"window must be an integer >= 2, got {window!r}")
-    if not isinstance(stride, int) or not 1 <= stride <= window:
-        raise ValueError(f"stride must be an integer in [1, window={window}], got {stride!r}")
-    total, count, scored = 0.0, 0, 1  # ids[0] is never predicted
-    for end in range(min(window, len(ids)), len(ids) + stride, stride):
-        end = min(end, len(ids))
-        begin = max(0, end - window)
-        if end <= scored:
-            continue
-        x = torch.tensor([ids[begin:end]])
-        logits = model(x)[0, :-1].float()  # predictions of ids[begin + 1:end]
-        first = scored - begin - 1  # skip what an earlier window scored
-        targets = torch.tensor(ids[scored:end], device=logits.device)
-        total += float(F.cross_entropy(logits[first:], targets, reduction="sum"))
-        count += end - scored
-        scored = end
-        if end == len(ids):
-            break
-    return total / count
+    logits, targets = scored_logits(model, ids, window, stride)
+    return float(F.cross_entropy(logits, targets, reduction="mean"))
 
 
 def perplexity(model, ids, cache=None, chunk: int = 32, window: int | None = None, stride: int | None = None) -> float:

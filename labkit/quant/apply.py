@@ -14,13 +14,16 @@ import copy
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
-from labkit.quant.linear import QuantLinear
+from labkit.quant.linear import QuantLinear, packed_layout_problem
+from labkit.quant.rtn import quantize
 
-__all__ = ["quantize_model", "METHODS", "model_nbytes"]
+__all__ = ["quantize_model", "METHODS", "MODEL_BITS", "model_nbytes"]
 
 METHODS = ("rtn", "gptq", "awq")
+MODEL_BITS = (8, 4, 3)
 
 
 def _check_calib(model, calib, method):
@@ -43,38 +46,54 @@ def _check_calib(model, calib, method):
     return calib.long()
 
 
-def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 8, group_size: int = 32, calib=None,
+def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 8, group_size: int | str = 32, calib=None,
                    include_head: bool = True, act_dtype: torch.dtype = torch.float32, reference: bool = False,
-                   inplace: bool = False, damp: float = 0.01, act_order: bool = False) -> nn.Module:
+                   inplace: bool = False, damp: float = 0.01, act_order: bool = False,
+                   progress: bool = False) -> nn.Module:
     """A copy of `model` (or `model` itself with `inplace`) whose linear layers hold `bits`-bit codes.
 
     `method`: "rtn" (no data), "gptq" or "awq" (both need `calib`, token ids [batch, tokens]).
-    8-bit layers are per channel and symmetric, 4-bit ones asymmetric in groups of `group_size`
-    (the layouts of the packed kernels). The LM head is quantized too (`include_head`).
+    8-bit layers are per channel and symmetric; 4- and 3-bit ones asymmetric in groups of
+    `group_size` (or one group per row: "channel"). Layouts the packed kernels take (int8 per
+    channel, int4 in groups of 32…256) run on them; the others (3 bits, per-channel int4)
+    compute x @ dequantize(W)ᵀ in float32: the same numbers, float speed, for measuring quality.
+    The LM head is quantized too (`include_head`). `progress` shows a bar over the blocks.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if bits not in (8, 4):
-        raise ValueError(f"bits must be 8 or 4 for the packed layers, got {bits!r}")
+    if bits not in MODEL_BITS or isinstance(bits, bool):
+        raise ValueError(f"bits must be one of {MODEL_BITS}, got {bits!r}")
     calib = _check_calib(model, calib, method)
     out = model if inplace else copy.deepcopy(model)
     out.requires_grad_(False)
     granularity, symmetric = ("channel", True) if bits == 8 else (group_size, False)
-    make = lambda w: QuantLinear.from_float(w.detach().float(), bits=bits, group_size=group_size,  # noqa: E731
-                                            act_dtype=act_dtype, reference=reference)
+
+    def layer(qt):
+        return QuantLinear(qt, act_dtype=act_dtype, reference=reference or packed_layout_problem(qt) is not None)
+
+    def make(w):
+        w = w.detach().float()
+        return layer(quantize(w, bits, granularity, symmetric=symmetric))
+
+    bar = tqdm(total=len(out.layers), desc=f"{method} {bits}-bit", unit="block", disable=not progress) \
+        if method != "rtn" else None
+    tick = (lambda i: bar.update(1)) if bar is not None else None
     alphas = None
     if method == "gptq":
-        gptq_blocks(out, calib, lambda qt: QuantLinear(qt, act_dtype=act_dtype, reference=reference), bits,
-                    granularity, symmetric, damp, act_order, include_head)
+        gptq_blocks(out, calib, layer, bits, granularity, symmetric, damp, act_order, include_head, progress=tick)
     elif method == "awq":
-        alphas = awq_blocks(out, calib, bits, granularity, symmetric, include_head)
+        alphas = awq_blocks(out, calib, bits, granularity, symmetric, include_head, progress=tick)
+    if bar is not None:
+        bar.close()
     for name, module in [(n, m) for n, m in out.named_modules() if isinstance(m, nn.Linear)]:
         parent_name, _, child = name.rpartition(".")
         setattr(out.get_submodule(parent_name) if parent_name else out, child, make(module.weight))
     if include_head and _tied(out):
         out.lm_head = make(out.tok_embeddings.weight)
+    kernels = {"reference" if m.reference else "packed" for m in out.modules() if isinstance(m, QuantLinear)}
     out.quantization = {"method": method, "bits": bits, "group_size": granularity,
-                        "act_dtype": str(act_dtype).replace("torch.", ""), "head": include_head, "awq_alpha": alphas}
+                        "act_dtype": str(act_dtype).replace("torch.", ""), "head": include_head, "awq_alpha": alphas,
+                        "kernel": "+".join(sorted(kernels))}
     return out
 
 
