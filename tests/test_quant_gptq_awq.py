@@ -91,3 +91,15 @@ def test_bad_calibration_input_says_what_is_needed():
         quantize_model(model, method="gptq", bits=4, calib=torch.full((1, 8), 99))
     with pytest.raises(ValueError, match="needs no calibration data"):
         quantize_model(model, method="rtn", calib=torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_the_block_walk_sees_what_a_full_pass_sees():
+    from labkit.quant.calibrate import BlockWalk, block_inputs
+
+    model = tiny().requires_grad_(False)
+    calib = torch.randint(0, model.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(2))
+    walk = BlockWalk(model, calib)
+    for i in range(len(model.layers)):
+        got, want = walk.inputs(i, keep="inputs"), block_inputs(model, calib, i, keep="inputs")
+        assert got.keys() == want.keys() and all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
+        walk.advance(i)

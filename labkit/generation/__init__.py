@@ -1,5 +1,6 @@
 """The engine: prefill and decode (`stages`), a whole timed reply (`reply`), the state between
-the stages and its file (`state`), a chat session (`chat`), latency sweeps (`latency`)."""
+the stages and its file (`state`), a chat session (`chat`), latency sweeps (`latency`), where a
+decode step spends its time and decode rates side by side (`profile`)."""
 from labkit.generation.reply import GenerationOutput, generate, stream
 from labkit.generation.stages import decode, decode_with_checkpoints, prefill
 from labkit.generation.state import PrefillState

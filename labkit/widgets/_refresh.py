@@ -10,3 +10,14 @@ def refresh(widget, fig) -> None:
         widget.layout.title.text = fig.layout.title.text
         widget.layout.shapes = fig.layout.shapes
         widget.layout.annotations = fig.layout.annotations
+
+
+def figure_box(controls, figure):
+    """A FigureWidget redrawn in place by `figure()` whenever a control changes, under the controls."""
+    import ipywidgets as widgets
+    import plotly.graph_objects as go
+
+    fw = go.FigureWidget(figure())
+    for c in controls:
+        c.observe(lambda _: refresh(fw, figure()), names="value")
+    return widgets.VBox([widgets.HBox(controls), fw])

@@ -3,20 +3,9 @@ from __future__ import annotations
 
 __all__ = ["kv_memory_calculator", "block_size_explorer", "window_explorer", "sliding_slots_explorer"]
 
+from labkit.widgets._refresh import figure_box as _figure_box
+
 CONTEXTS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
-
-
-def _figure_box(controls, figure):
-    """A FigureWidget redrawn in place by `figure()` whenever a control changes, under the controls."""
-    import ipywidgets as widgets
-    import plotly.graph_objects as go
-
-    from labkit.widgets._refresh import refresh
-
-    fw = go.FigureWidget(figure())
-    for c in controls:
-        c.observe(lambda _: refresh(fw, figure()), names="value")
-    return widgets.VBox([widgets.HBox(controls), fw])
 
 
 def kv_memory_calculator(names=None, context: int = 4096, bits: int = 16):

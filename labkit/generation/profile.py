@@ -1,0 +1,66 @@
+"""Where a decode step's time goes: the weight products against everything else, from `torch.profiler`.
+
+A bandwidth-bound step should take bytes / bandwidth. It takes longer for two reasons this
+profile separates: the weight products run below the bandwidth (kernel throughput per
+weight), and the ~hundreds of small operations around them (norms, RoPE, attention over
+the cache, residual adds, sampling) cost time whatever the weights' format.
+
+    >>> p = step_profile(model, ids, steps=8)                                    # doctest: +SKIP
+    >>> p["matmul_ms"], p["other_ms"], p["ops_per_step"]                          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from labkit.generation.stages import decode, prefill
+
+__all__ = ["step_profile", "decode_rates", "MATMUL_OPS"]
+
+# the operators that multiply by a weight matrix: float (BLAS), packed int8/int4
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::_weight_int8pack_mm",
+              "aten::_weight_int4pack_mm_for_cpu", "aten::bmm")
+
+
+def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
+    """Profile `steps` greedy decode steps after prefilling `ids`.
+
+    Returns step_ms (wall time per step, measured without the profiler), matmul_ms and
+    other_ms (the profiler's self time per step of the weight products and of every other
+    operator; the profiler's own overhead inflates both a little), ops_per_step (operator
+    calls per step) and top: the `top` operators by self time per step.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    state = prefill(model, ids, max_len=len(ids) + 2 * steps + 2)
+    decode(model, state, 2)  # warm-up
+    start = time.perf_counter()
+    decode(model, state, steps)
+    wall = (time.perf_counter() - start) / steps
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        decode(model, state, steps)
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    ms = {e.key: e.self_cpu_time_total / 1e3 / steps for e in events}
+    calls = sum(e.count for e in events) / steps
+    matmul = sum(v for k, v in ms.items() if k in MATMUL_OPS)
+    ranked = sorted(ms.items(), key=lambda kv: -kv[1])[:top]
+    return {"step_ms": 1e3 * wall, "matmul_ms": matmul, "other_ms": sum(ms.values()) - matmul,
+            "ops_per_step": calls, "top": [{"op": k, "ms": v} for k, v in ranked]}
+
+
+def decode_rates(models: dict, ids: list[int], n: int = 16, rounds: int = 3) -> dict[str, float]:
+    """Greedy decode tokens/s of each name → model after the same prompt: rounds interleaved, median per model."""
+    if not isinstance(n, int) or n < 1 or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"n and rounds must be positive integers, got n={n!r}, rounds={rounds!r}")
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    for m in models.values():  # warm-up
+        decode(m, prefill(m, ids, max_len=len(ids) + 4), 2)
+    for _ in range(rounds):
+        for name, m in models.items():
+            state = prefill(m, ids, max_len=len(ids) + n + 1)
+            start = time.perf_counter()
+            decode(m, state, n)
+            seconds[name].append(time.perf_counter() - start)
+    return {name: n / statistics.median(s) for name, s in seconds.items()}

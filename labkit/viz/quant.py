@@ -1,0 +1,101 @@
+"""Figures of chapter 06: one layer's error by method, quality against bits, decode speed predicted and measured."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from labkit.viz._spec import wrap_title
+
+__all__ = ["tradeoff_figure", "quality_figure", "speed_figure", "awq_alpha_figure", "METHOD_COLORS"]
+
+_LAYOUT = dict(height=420, margin=dict(t=80, l=60, r=20, b=50), legend=dict(orientation="h", y=-0.2))
+METHOD_COLORS = {"RTN": "#1f77b4", "GPTQ": "#d62728", "AWQ": "#2ca02c", "float": "#7f7f7f", "GGUF": "#9467bd"}
+
+
+def _group_label(group) -> str:
+    return "per-channel" if group == "channel" else f"groups of {group}"
+
+
+def tradeoff_figure(rows: list[dict]) -> go.Figure:
+    """Weight and output error of one layer for each method at one (bits, group size) (rows of `layer_tradeoff`)."""
+    if not rows or len({(r["bits"], r["group_size"]) for r in rows}) != 1:
+        raise ValueError("rows must be `layer_tradeoff` rows of one (bits, group_size), one per method")
+    r0 = rows[0]
+    names = [r["method"].upper() for r in rows]
+    fig = go.Figure([
+        go.Bar(x=names, y=[float(f"{r['weight_error']:.3g}") for r in rows], name="weight error ‖Ŵ−W‖²/‖W‖²",
+               marker_color="#aec7e8"),
+        go.Bar(x=names, y=[float(f"{r['output_error']:.3g}") for r in rows], name="output error ‖XŴᵀ−XWᵀ‖²/‖XWᵀ‖²",
+               marker_color=[METHOD_COLORS[n] for n in names]),
+    ])
+    title = f"int{r0['bits']}, {_group_label(r0['group_size'])}: {r0['bits_per_weight']:.2f} bits per weight"
+    if "memory_bytes" in r0:
+        title += f"; the whole model {r0['memory_bytes'] / 1e6:.0f} MB"
+    if "predicted_tokens_per_s" in r0:
+        title += f", predicted decode {r0['predicted_tokens_per_s']:.0f} tokens/s"
+    fig.update_layout(title=wrap_title(title), barmode="group", yaxis=dict(title="relative squared error", type="log"),
+                      **_LAYOUT)
+    return fig
+
+
+def _method(name: str) -> str:
+    for key in ("RTN", "GPTQ", "AWQ", "GGUF"):
+        if key in name:
+            return key
+    return "float"
+
+
+def quality_figure(rows: list[dict], title: str, metric: str = "kl") -> go.Figure:
+    """KL to float32 (or "ppl_change", or "top1") against bits per weight, one colour per method.
+
+    `rows` are the quality rows of one model (`labkit.quant.sweep.quality_rows`); bits per weight
+    is 32 · (bytes read per token / float32 bytes), so scales and the LM head are counted.
+    """
+    labels = {"kl": ("mean KL(float32 ‖ variant), nats", "log"), "ppl_change": ("perplexity change vs float32", "linear"),
+              "top1": ("top-1 agreement with float32", "linear")}
+    if metric not in labels:
+        raise ValueError(f"metric must be one of {sorted(labels)}, got {metric!r}")
+    fig = go.Figure()
+    for method, color in METHOD_COLORS.items():
+        mine = [r for r in rows if _method(r["name"]) == method and (metric != "kl" or r["name"] != "float32")]
+        if not mine:
+            continue
+        ys = [max(r[metric], 1e-6) if metric == "kl" else r[metric] for r in mine]
+        fig.add_trace(go.Scatter(x=[round(32 * r["vs_float32_bytes"], 2) for r in mine], y=[float(f"{y:.4g}") for y in ys],
+                                 mode="markers+text", text=[r["name"].replace(f" {method}", "") for r in mine],
+                                 textposition="top center", textfont=dict(size=9), marker=dict(size=10, color=color),
+                                 name=method))
+    fig.update_layout(title=wrap_title(title), xaxis=dict(title="bits per weight read per token (scales and head included)"),
+                      yaxis=dict(title=labels[metric][0], type=labels[metric][1],
+                                 tickformat=".0%" if metric != "kl" else None), **_LAYOUT)
+    return fig
+
+
+def speed_figure(rows: list[dict], title: str) -> go.Figure:
+    """Predicted (bandwidth / bytes per token) and measured decode tokens/s per format.
+
+    Each row: {"name", "bytes_per_token", "predicted_tokens_per_s", "tokens_per_s"}.
+    """
+    names = [r["name"] for r in rows]
+    fig = go.Figure([
+        go.Bar(x=names, y=[round(r["predicted_tokens_per_s"], 1) for r in rows], name="predicted from bytes per token",
+               marker_color="#c7c7c7"),
+        go.Bar(x=names, y=[round(r["tokens_per_s"], 1) for r in rows], name="measured", marker_color="#1f77b4",
+               text=[f"{r['tokens_per_s'] / r['predicted_tokens_per_s']:.0%}" for r in rows], textposition="outside"),
+    ])
+    fig.update_layout(title=wrap_title(title), barmode="group", yaxis=dict(title="decode tokens/s (batch 1)"), **_LAYOUT)
+    return fig
+
+
+def awq_alpha_figure(errors: dict, rtn_label: str = "α = 0 is plain RTN") -> go.Figure:
+    """AWQ's grid search: the layer's output error for each α of s = s_x^α (the `errors` of `awq_search`)."""
+    alphas = sorted(errors)
+    best = min(alphas, key=lambda a: errors[a])
+    fig = go.Figure([
+        go.Scatter(x=alphas, y=[float(f"{errors[a]:.4g}") for a in alphas], mode="lines+markers", name="output error"),
+        go.Scatter(x=[best], y=[float(f"{errors[best]:.4g}")], mode="markers", marker=dict(size=14, color="#2ca02c"),
+                   name=f"chosen α = {best:.2f}"),
+    ])
+    fig.update_layout(title=wrap_title(f"AWQ: scale input channel j by (mean |x_j|)^α, fold 1/s into the layer before; "
+                                       f"{rtn_label}, the best α cuts the error {errors[0.0] / errors[best]:.1f}×"),
+                      xaxis=dict(title="α"), yaxis=dict(title="mean squared output error"), **_LAYOUT)
+    return fig
