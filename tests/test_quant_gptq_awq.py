@@ -103,3 +103,15 @@ def test_the_block_walk_sees_what_a_full_pass_sees():
         got, want = walk.inputs(i, keep="inputs"), block_inputs(model, calib, i, keep="inputs")
         assert got.keys() == want.keys() and all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
         walk.advance(i)
+
+
+def test_awq_measures_each_alpha_on_at_most_max_tokens_rows():
+    from labkit.quant.awq import output_error
+
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(16, 64, generator=g), torch.randn(300, 64, generator=g)
+    _, _, errors = awq_search(w, x, bits=4, group_size=32, max_tokens=50)
+    rows = x[torch.linspace(0, 299, 50).long()]
+    assert errors[0.0] == pytest.approx(output_error(w, rows, torch.ones(64), 4, 32, False), rel=1e-6)
+    _, _, full = awq_search(w, x, bits=4, group_size=32)  # 300 rows, under the default cap: all of them
+    assert full[0.0] == pytest.approx(output_error(w, x, torch.ones(64), 4, 32, False), rel=1e-6)

@@ -26,3 +26,30 @@ def test_roofline_fraction_pairs_each_round_with_its_own_sample():
     assert bench.roofline_fraction(1e9, 10, [2.0, 1.0, 0.5], [5.0, 10.0, 20.0]) == 1.0
     with pytest.raises(ValueError, match="one roofline sample per round"):
         bench.roofline_fraction(1e9, 10, [1.0, 1.0], [20.0])
+
+
+def test_quant_bench_interleaves_the_contenders_within_each_round():
+    from labkit.benchmarks import quant
+
+    order = []
+    got = quant._interleaved({"a": 1, "b": 2}, lambda e, warm: order.append((e, warm)) or e * 10, rounds=2,
+                             between=lambda: order.append("roof"))
+    assert got == {"a": [10, 10], "b": [20, 20]}
+    assert order == [(1, True), (2, True), "roof", (1, False), (2, False), "roof", (1, False), (2, False)]
+
+
+def test_llama_cpp_peer_decodes_the_same_file_when_installed():
+    import pytest
+
+    pytest.importorskip("llama_cpp")
+    from labkit.benchmarks import _peers
+    from labkit.data import paths
+
+    try:
+        paths.smollm2_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("SmolLM2 is not installed")
+    llm = _peers.load_llama_cpp(n_ctx=128)
+    ids = llm.tokenize(b"The capital of France is", add_bos=False)
+    assert _peers.llama_cpp_prefill(llm, ids) > 0 and _peers.llama_cpp_decode(llm, ids, 3) > 0
+    assert llm.n_tokens == len(ids) + 3

@@ -122,7 +122,7 @@ def test_speculation_on_the_shakespeare_pair_is_exact():
 
 
 def test_bench_prediction_formula():
-    from labkit.benchmarks.speculative import predicted_speedup
+    from labkit.speculative.costs import predicted_speedup
 
     t_rel = {k: 1.0 for k in range(2, 10)}  # a target pass costs the same for any k (a GPU's ideal)
     assert predicted_speedup(0.0, 4, 0.0, t_rel) == 1.0  # nothing accepted: one token per pass
@@ -145,3 +145,16 @@ def test_layer_skip_leaves_the_target_cache_as_it_found_it(pair):
         LayerSkip(target, 2)
     with pytest.raises(ValueError, match="n_layers must be an integer in"):
         target(torch.tensor([ids]), n_layers=0)
+
+
+def test_alpha_counts_only_the_draft_tokens_verification_tested(pair):
+    target, draft, tok = pair
+    same = generate(target, target, tok, "the cat", gamma=3, max_new_tokens=20, chat=False)
+    assert same.alpha == 1.0 and same.tested == same.accepted > 0  # the target drafting for itself
+    out = generate(target, draft, tok, "the cat", gamma=3, max_new_tokens=20, chat=False)
+    rounds = len(out.gammas)
+    assert out.accepted == round(sum(a * p for a, p in zip(out.acceptance, out.proposed)))
+    # every round emits its accepted drafts plus one token of the target's; the prefill emits the first
+    assert len(out.token_ids) <= 1 + out.accepted + rounds
+    assert out.tested <= sum(out.gammas) and out.tested >= rounds - out.gammas.count(0)
+    assert 0 <= out.alpha <= 1

@@ -2,14 +2,13 @@
 
 Greedy decoding, so every speculative reply must equal the plain one token for token (it is
 checked and printed). The speed-up is plain wall time / speculative wall time, medians of
-runs interleaved side by side. The prediction uses the measured acceptance α and costs:
+runs interleaved side by side. The prediction uses the measured acceptance α (accepted /
+tested draft tokens; verification stops testing at the first rejection) and costs:
 a draft step c and a target pass over k tokens T(k), both relative to one plain step T(1):
 E(γ) / (γ·c + T(γ+1)) with E(γ) = (1 − α^(γ+1)) / (1 − α).
 """
 from __future__ import annotations
 
-import statistics
-import time
 
 TITLE = "Speculative decoding: acceptance, tokens/call, speed-up measured vs predicted (draft model, layer skip, prompt lookup)"
 
@@ -24,51 +23,13 @@ SMOL_PROMPTS = {
 BARD_PROMPTS = {"continue a speech": "ROMEO:\nBut soft, what light through yonder window breaks?\n"}
 
 
-def target_pass_s(model, k: int, position: int = 64, repeat: int = 5) -> float:
-    """Median time of one forward over k new tokens on a cache already holding `position` tokens."""
-    import torch
-
-    times = []
-    with torch.inference_mode():
-        for _ in range(repeat + 1):
-            cache = model.new_cache(max_len=position + k + 1)
-            model(torch.zeros(1, position, dtype=torch.long), cache=cache)
-            start = time.perf_counter()
-            model(torch.ones(1, k, dtype=torch.long), cache=cache)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
-def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict[int, float]) -> float:
-    from labkit.speculative import expected_tokens
-
-    return expected_tokens(min(alpha, 0.999), gamma) / (gamma * c + t_rel[gamma + 1])
-
-
 def _case(target, make_drafter, tok, prompt, gammas, n, rounds, chat, c, t_rel) -> list[dict]:
-    import labkit
-    from labkit import speculative
+    from labkit.speculative.costs import measure_speedups, predicted_speedup
 
-    plain_s, spec_s, outs = [], {g: [] for g in gammas}, {}
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        plain = labkit.generate(target, tok, prompt, max_new_tokens=n, chat=chat)
-        plain_s.append(time.perf_counter() - t0)
-        for g in gammas:
-            out = speculative.generate(target, make_drafter(), tok, prompt, gamma=g, max_new_tokens=n, chat=chat)
-            spec_s[g].append(out.wall_s)
-            outs[g] = out
-    rows = []
-    for g in gammas:
-        out = outs[g]
-        proposed = sum(out.proposed)
-        alpha = sum(a * p for a, p in zip(out.acceptance, out.proposed)) / proposed if proposed else 0.0
-        row = {"gamma": g, "alpha": alpha, "tokens_per_call": out.tokens_per_call,
-               "speedup": statistics.median(plain_s) / statistics.median(spec_s[g]),
-               "same_as_plain": out.token_ids == plain.token_ids, "acceptance_by_position": out.acceptance}
-        if isinstance(g, int):
-            row["predicted"] = predicted_speedup(alpha, g, c, t_rel)
-        rows.append(row)
+    rows = measure_speedups(target, make_drafter, tok, prompt, gammas, n, rounds, chat)
+    for row in rows:
+        if isinstance(row["gamma"], int):
+            row["predicted"] = predicted_speedup(row["alpha"], row["gamma"], c, t_rel)
     return rows
 
 
@@ -77,6 +38,7 @@ def run(quick: bool = False) -> dict:
 
     import labkit
     from labkit.speculative import DraftModel, LayerSkip, PromptLookup
+    from labkit.speculative.costs import relative_costs
 
     n, rounds = (24, 1) if quick else (48, 3)
     gammas = [2, 4] if quick else [1, 2, 4, 6, "auto"]
@@ -98,12 +60,10 @@ def run(quick: bool = False) -> dict:
     except FileNotFoundError as exc:
         print(f"  SmolLM2 skipped: {exc}")
     for label, target, tok, make, prompts, chat, draft_model in pairs:
-        t1 = target_pass_s(target, 1)
-        t_rel = {k: target_pass_s(target, k) / t1 for k in range(2, 9)}
         if isinstance(draft_model, tuple):  # early exit: a draft step runs that share of the layers
-            c = draft_model[1] / target.config.n_layers
+            c, t_rel = relative_costs(target, layers=draft_model[1])
         else:
-            c = target_pass_s(draft_model, 1) / t1 if draft_model is not None else 0.0
+            c, t_rel = relative_costs(target, draft_model)
         print(f"  {label}: T(k)/T(1) for k = 2..8: " + " ".join(f"{t_rel[k]:.2f}" for k in range(2, 9))
               + f"; draft step c = {c:.3f} T(1)")
         for kind, prompt in prompts.items():

@@ -50,6 +50,13 @@ class SpeculativeOutput:
     draft_steps: int
     wall_s: float
     plain: dict | None = field(default=None)  # plain decoding of the same prompt: token_ids, wall_s, same_tokens
+    tested: int = 0  # draft tokens the verification looked at (it stops at the first rejection)
+    accepted: int = 0  # of which accepted
+
+    @property
+    def alpha(self) -> float:
+        """The acceptance rate α: accepted / tested draft tokens (the estimate that E(γ) takes)."""
+        return self.accepted / self.tested if self.tested else 0.0
 
     @property
     def tokens_per_call(self) -> float:
@@ -127,6 +134,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     first = _pick(logits, ids, params, gen)
     history, out = ids + [first], [first]
     proposed, accepted, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1  # per draft position
+    tested = 0
     while len(out) < max_new_tokens and out[-1] != eos:
         g = auto.next() if auto else gamma
         g = max(0, min(g, max_new_tokens - len(out) - 1, cache.max_len - cache.seq_len - 2))
@@ -144,6 +152,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
         else:
             n, nxt = accept_sampled(torch.softmax(processed, -1), q, torch.tensor(drafted, dtype=torch.long), gen)
         cache.truncate(len(history) + n)
+        tested += min(n + 1, len(drafted))
         for i in range(len(drafted)):
             proposed[i] += 1
             accepted[i] += i < n
@@ -161,7 +170,8 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     result = SpeculativeOutput(
         text=tok.decode([i for i in out if i != eos]), token_ids=out, prompt_ids=ids,
         acceptance=[accepted[i] / proposed[i] for i in range(depth)], proposed=proposed[:depth], gammas=gammas,
-        target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall)
+        target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall, tested=tested,
+        accepted=sum(accepted))
     if compare:
         from labkit.generation.reply import generate as plain_generate
 

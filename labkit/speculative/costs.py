@@ -1,0 +1,117 @@
+"""What speculative decoding should gain: the measured costs, the formula, and the exactness of the output.
+
+A round drafts γ tokens (each costing c, relative to one plain target step T(1)) and runs
+the target once over γ + 1 positions (T(γ+1), relative to T(1)). With an acceptance rate α
+it emits E(γ) = (1 − α^(γ+1)) / (1 − α) tokens on average, so the speed-up over plain
+decoding is
+
+    S(γ) = E(γ) / (γ·c + T(γ+1)/T(1))
+
+Leviathan et al. (2023, §3.3) take T(γ+1) = T(1): a batch-1 forward reads the weights once
+whatever the number of tokens. On a CPU with little arithmetic to spare that is only
+roughly true; `relative_costs` measures it.
+
+    >>> round(predicted_speedup(0.8, 4, 0.05), 2)      # the paper's assumption T(γ+1) = T(1)
+    2.8
+"""
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+import time
+
+import torch
+
+from labkit.speculative.decode import expected_tokens
+from labkit.speculative.verify import accept_sampled
+
+__all__ = ["target_pass_s", "relative_costs", "predicted_speedup", "first_token_counts", "measure_speedups"]
+
+
+@torch.inference_mode()
+def target_pass_s(model, k: int, position: int = 64, repeat: int = 5) -> float:
+    """Median seconds of one forward over k new tokens on a cache already holding `position` tokens."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    times = []
+    for _ in range(repeat + 1):
+        cache = model.new_cache(max_len=position + k + 1)
+        model(torch.zeros(1, position, dtype=torch.long), cache=cache)
+        start = time.perf_counter()
+        model(torch.ones(1, k, dtype=torch.long), cache=cache)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def relative_costs(target, draft=None, layers: int | None = None, ks=range(2, 10), repeat: int = 5) -> tuple[float, dict]:
+    """(c, {k: T(k)/T(1)}): a draft step relative to a target step, and a target pass over k tokens.
+
+    `draft` is a draft model (its one-token step is timed), or `layers` the number of the
+    target's own layers a layer-skip draft runs (c = layers / n_layers); neither: c = 0
+    (n-gram lookup costs next to nothing).
+    """
+    t1 = target_pass_s(target, 1, repeat=repeat)
+    t_rel = {k: target_pass_s(target, k, repeat=repeat) / t1 for k in ks}
+    if draft is not None:
+        c = target_pass_s(draft, 1, repeat=repeat) / t1
+    elif layers is not None:
+        c = layers / target.config.n_layers
+    else:
+        c = 0.0
+    return c, t_rel
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict | None = None) -> float:
+    """S(γ) = E(γ) / (γ·c + T(γ+1)/T(1)); without `t_rel`, T(γ+1) = T(1) as in the paper."""
+    if c < 0:
+        raise ValueError(f"c must be >= 0, got {c}")
+    t = 1.0 if t_rel is None else t_rel[gamma + 1]
+    return expected_tokens(min(alpha, 0.999), gamma) / (gamma * c + t)
+
+
+def first_token_counts(p: torch.Tensor, q: torch.Tensor, n: int = 20000, seed: int = 0) -> torch.Tensor:
+    """How often each token comes out first when a draft sampled from q is verified against p, over n rounds.
+
+    The experiment behind the exactness proof: the counts / n approach p, not q, whatever q is.
+    """
+    if p.dim() != 1 or p.shape != q.shape:
+        raise ValueError(f"p and q must be distributions over one vocabulary, got {tuple(p.shape)} and {tuple(q.shape)}")
+    for name, d in (("p", p), ("q", q)):
+        if (d < 0).any() or abs(float(d.sum()) - 1) > 1e-5:
+            raise ValueError(f"{name} must be a probability distribution (non-negative, summing to 1)")
+    gen = torch.Generator().manual_seed(seed)
+    both, q_row = torch.stack([p, p]), q[None]
+    counts = torch.zeros(p.numel(), dtype=torch.long)
+    drafts = torch.multinomial(q, n, replacement=True, generator=gen)
+    for d in drafts:
+        accepted, nxt = accept_sampled(both, q_row, d[None], gen)
+        counts[int(d) if accepted else nxt] += 1
+    return counts
+
+
+def measure_speedups(target, make_drafter, tok, prompt, gammas, n: int = 48, rounds: int = 3, chat=None) -> list[dict]:
+    """Plain and speculative greedy decoding of `prompt`, interleaved over `rounds`: one row per γ in `gammas`.
+
+    Each row: gamma, alpha (accepted / tested), tokens_per_call, speedup (median plain wall time /
+    median speculative wall time), same_as_plain, acceptance_by_position, gammas_used (for "auto").
+    """
+    from labkit.generation.reply import generate as plain_generate
+    from labkit.speculative.decode import generate
+
+    plain_s, spec_s, outs = [], {g: [] for g in gammas}, {}
+    for _ in range(rounds):
+        start = time.perf_counter()
+        plain = plain_generate(target, tok, prompt, max_new_tokens=n, chat=chat)
+        plain_s.append(time.perf_counter() - start)
+        for g in gammas:
+            out = generate(target, make_drafter(), tok, prompt, gamma=g, max_new_tokens=n, chat=chat)
+            spec_s[g].append(out.wall_s)
+            outs[g] = out
+    rows = []
+    for g in gammas:
+        out = outs[g]
+        rows.append({"gamma": g, "alpha": out.alpha, "tokens_per_call": out.tokens_per_call,
+                     "speedup": statistics.median(plain_s) / statistics.median(spec_s[g]),
+                     "same_as_plain": out.token_ids == plain.token_ids, "acceptance_by_position": out.acceptance,
+                     "gammas_used": Counter(out.gammas).most_common()})
+    return rows

@@ -1,0 +1,59 @@
+"""Chapter 07's pure parts: exactness by sampling, the speed-up formula with measured costs, figures, checkers."""
+import pytest
+import torch
+
+from labkit import exercises
+from labkit.speculative import costs
+from labkit.viz import speculative as sviz
+from tests.kvcache_shared import tiny
+
+
+def test_verified_draws_follow_the_target_not_the_draft():
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+    q = torch.tensor([0.05, 0.1, 0.2, 0.3, 0.35])
+    n = 20000
+    share = costs.first_token_counts(p, q, n, seed=1).float() / n
+    assert (share - p).abs().max() < 4 * (0.25 / n) ** 0.5  # four standard errors at worst
+    assert (share - q).abs().max() > 0.3
+    with pytest.raises(ValueError, match="q must be a probability distribution"):
+        costs.first_token_counts(p, torch.tensor([0.5, 0.5, 0.5, 0.0, 0.0]))
+
+
+def test_predicted_speedup_uses_the_measured_pass_cost_when_given():
+    assert costs.predicted_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / 0.2 / 1.2)
+    assert costs.predicted_speedup(0.8, 4, 0.05, {5: 2.0}) == pytest.approx((1 - 0.8 ** 5) / 0.2 / 2.2)
+    with pytest.raises(ValueError, match="c must be >= 0"):
+        costs.predicted_speedup(0.5, 2, -0.1)
+
+
+def test_relative_costs_measure_a_pass_per_k_and_the_draft_share():
+    model = tiny().requires_grad_(False)
+    c, t_rel = costs.relative_costs(model, layers=1, ks=range(2, 4), repeat=1)
+    assert c == 1 / model.config.n_layers and set(t_rel) == {2, 3} and all(v > 0 for v in t_rel.values())
+    c, _ = costs.relative_costs(model, draft=model, ks=[2], repeat=1)
+    assert c > 0
+    assert costs.relative_costs(model, ks=[2], repeat=1)[0] == 0.0
+    with pytest.raises(ValueError, match="k must be a positive integer"):
+        costs.target_pass_s(model, 0)
+
+
+def test_figures():
+    p, q = torch.tensor([0.7, 0.3]), torch.tensor([0.2, 0.8])
+    fig = sviz.exactness_figure(p, q, torch.tensor([70, 30]))
+    assert list(fig.data[2].y) == [0.7, 0.3] and "largest gap 0.000" in fig.layout.title.text
+    with pytest.raises(ValueError, match="no samples"):
+        sviz.exactness_figure(p, q, torch.tensor([0, 0]))
+    fig = sviz.speedup_figure(0.6, 0.1, {k: 1.0 + 0.1 * k for k in range(2, 10)},
+                              [{"gamma": 2, "speedup": 1.2}, {"gamma": "auto", "speedup": 1.3}])
+    assert len(fig.data) == 3 and fig.data[2].x == (2,) and len(fig.layout.shapes) == 2
+    acc = sviz.acceptance_figure({"draft": [0.6, 0.5, 0.4]})
+    assert list(acc.data[0].x) == [1, 2, 3]
+
+
+def test_checkers_pass_the_reference_and_catch_a_mistake(capsys):
+    assert exercises.check_expected_tokens(lambda a, g: g + 1.0 if a == 1 else (1 - a ** (g + 1)) / (1 - a))
+    assert not exercises.check_expected_tokens(lambda a, g: 1 + a * g)  # linear, not geometric
+    assert exercises.check_residual(lambda p, q: (p - q).clamp(min=0) / (p - q).clamp(min=0).sum())
+    assert not exercises.check_residual(lambda p, q: (p - q).abs() / (p - q).abs().sum())
+    out = capsys.readouterr().out
+    assert out.count("[PASS]") == 2 and out.count("[FAIL]") == 2
