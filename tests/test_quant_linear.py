@@ -69,7 +69,7 @@ def test_layouts_without_a_kernel_run_as_the_float_reference(bits, group_size):
     layer = QuantLinear.from_float(w, bits=bits, group_size=group_size, reference=True)
     qt = quantize(w, bits, group_size, symmetric=False)
     assert layer.reference and torch.allclose(layer(x), x @ dequantize(qt).t(), atol=1e-5)
-    assert layer.nbytes() == 24 * 64 * bits // 8 + qt.scale.numel() * 8  # codes + a scale and a minimum per group
+    assert layer.nbytes() == 24 * 64 * bits // 8 + qt.scale.numel() * 4  # codes + a 16-bit scale and minimum per group
 
 
 def test_quantize_model_at_3_bits_and_per_channel_int4_runs_the_reference_and_loses_more():
@@ -89,3 +89,12 @@ def test_quantize_model_at_3_bits_and_per_channel_int4_runs_the_reference_and_lo
     assert err[(4, 16)] < err[(4, "channel")]  # one scale per row spans the row's outliers
     with pytest.raises(ValueError, match=r"bits must be one of \(8, 4, 3\), got 2"):
         quantize_model(model, bits=2)
+
+
+@pytest.mark.skipif(not (has_kernel(8) and has_kernel(4)), reason="no packed kernels in this torch build")
+def test_nbytes_is_what_a_packed_bf16_layer_holds():
+    w = torch.randn(64, 128)
+    for bits in (8, 4):
+        layer = QuantLinear.from_float(w, bits=bits, group_size=32, act_dtype=torch.bfloat16)
+        held = sum(b.numel() * b.element_size() for b in layer.buffers())
+        assert layer.nbytes() == held

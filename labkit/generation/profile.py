@@ -10,6 +10,8 @@ the cache, residual adds, sampling) cost time whatever the weights' format.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
 
@@ -24,13 +26,31 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::
               "aten::_weight_int4pack_mm_for_cpu", "aten::bmm")
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The profiler's C++ side prints a start and a stop line straight to file descriptor 2: hide them."""
+    try:
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
     """Profile `steps` greedy decode steps after prefilling `ids`.
 
     Returns step_ms (wall time per step, measured without the profiler), matmul_ms and
     other_ms (the profiler's self time per step of the weight products and of every other
-    operator; the profiler's own overhead inflates both a little), ops_per_step (operator
-    calls per step) and top: the `top` operators by self time per step.
+    operator; the profiler's own overhead inflates both a little), outside_ms (what the
+    operators do not account for: Python and the dispatch between them), ops_per_step
+    (operator calls per step, nested ones included) and top: the `top` operators by self time.
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
@@ -39,7 +59,7 @@ def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
     start = time.perf_counter()
     decode(model, state, steps)
     wall = (time.perf_counter() - start) / steps
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         decode(model, state, steps)
     events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
     ms = {e.key: e.self_cpu_time_total / 1e3 / steps for e in events}
@@ -47,6 +67,7 @@ def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
     matmul = sum(v for k, v in ms.items() if k in MATMUL_OPS)
     ranked = sorted(ms.items(), key=lambda kv: -kv[1])[:top]
     return {"step_ms": 1e3 * wall, "matmul_ms": matmul, "other_ms": sum(ms.values()) - matmul,
+            "outside_ms": max(0.0, 1e3 * wall - sum(ms.values())),
             "ops_per_step": calls, "top": [{"op": k, "ms": v} for k, v in ranked]}
 
 

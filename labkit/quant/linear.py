@@ -101,9 +101,13 @@ class QuantLinear(nn.Module):
         return dequantize(self.qt)
 
     def nbytes(self) -> int:
-        """Bytes one product reads: the codes (a half byte each at int4) plus scales (and minimums)."""
+        """Bytes of the format: `bits` per code plus a 16-bit scale (and minimum) per group, as GGUF stores them.
+
+        The packed layers with bfloat16 activations hold exactly that; float32-activation layers
+        keep their scales in float32 (a few percent more for int4 in groups of 32).
+        """
         per_group = 1 if self.qt.symmetric else 2
-        return self.out_features * self.in_features * self.bits // 8 + self.qt.scale.numel() * 4 * per_group
+        return self.out_features * self.in_features * self.bits // 8 + self.qt.scale.numel() * 2 * per_group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
