@@ -53,3 +53,12 @@ def test_llama_cpp_peer_decodes_the_same_file_when_installed():
     ids = llm.tokenize(b"The capital of France is", add_bos=False)
     assert _peers.llama_cpp_prefill(llm, ids) > 0 and _peers.llama_cpp_decode(llm, ids, 3) > 0
     assert llm.n_tokens == len(ids) + 3
+
+
+def test_bench_lists_only_benchmarks_and_each_has_a_title_and_a_runner():
+    from labkit.commands.bench import available
+
+    benches = available()
+    assert {"quant", "quality", "speculative", "smollm2"} <= set(benches)
+    assert "machinecheck" not in benches  # a helper module, not a benchmark
+    assert all(isinstance(m.TITLE, str) and callable(m.run) for m in benches.values())

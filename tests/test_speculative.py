@@ -158,3 +158,22 @@ def test_alpha_counts_only_the_draft_tokens_verification_tested(pair):
     assert len(out.token_ids) <= 1 + out.accepted + rounds
     assert out.tested <= sum(out.gammas) and out.tested >= rounds - out.gammas.count(0)
     assert 0 <= out.alpha <= 1
+
+
+def test_heuristic_gamma_grows_after_full_acceptance_and_shrinks_after_a_rejection(pair):
+    from labkit.speculative.decode import GAMMA_MAX, _HeuristicGamma
+
+    h = _HeuristicGamma(start=4)
+    h.update(4, 4, 0.0, 0.0)
+    assert h.next() == 6
+    h.update(6, 2, 0.0, 0.0)
+    assert h.next() == 5
+    for _ in range(10):
+        h.update(h.next(), h.next(), 0.0, 0.0)
+    assert h.next() == GAMMA_MAX
+    for _ in range(20):
+        h.update(h.next(), 0, 0.0, 0.0)
+    assert h.next() == 1
+    target, draft, tok = pair
+    out = generate(target, draft, tok, "the cat", gamma="heuristic", max_new_tokens=24, chat=False, compare=True)
+    assert out.plain["same_tokens"] and len(set(out.gammas)) >= 1

@@ -41,7 +41,7 @@ def run(quick: bool = False) -> dict:
     from labkit.speculative.costs import relative_costs
 
     n, rounds = (24, 1) if quick else (48, 3)
-    gammas = [2, 4] if quick else [1, 2, 4, 6, "auto"]
+    gammas = [2, 4] if quick else [1, 2, 4, 6, "auto", "heuristic"]
     report = {"threads": torch.get_num_threads(), "new_tokens": n, "rounds": rounds, "cases": {}}
     pairs = []
     try:

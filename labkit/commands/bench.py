@@ -21,7 +21,8 @@ def available() -> dict[str, object]:
     import labkit.benchmarks as pkg
 
     names = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
-    return {name: importlib.import_module(f"labkit.benchmarks.{name}") for name in names}
+    mods = {name: importlib.import_module(f"labkit.benchmarks.{name}") for name in names}
+    return {name: m for name, m in mods.items() if hasattr(m, "TITLE") and hasattr(m, "run")}  # helpers are not benchmarks
 
 
 def run(args) -> int:

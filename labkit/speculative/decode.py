@@ -13,6 +13,9 @@ emits between 1 and γ + 1 tokens for one target pass.
 costs: a draft step c and a target pass over k tokens T(k), both relative to T(1); it
 maximises the expected tokens per unit time E(γ) / (γ·c + T(γ+1)) with
 E(γ) = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3.3), no training needed.
+`gamma="heuristic"` is the schedule Hugging Face's assisted generation uses by default: γ grows
+by 2 after a round whose drafts were all accepted and shrinks by 1 otherwise (between 1 and
+`GAMMA_MAX`); it looks at acceptance only, never at the costs.
 """
 from __future__ import annotations
 
@@ -68,8 +71,9 @@ class SpeculativeOutput:
 
 
 def _check(target, draft, gamma, max_new_tokens):
-    if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and 1 <= gamma <= GAMMA_LIMIT)):
-        raise ValueError(f"gamma must be an integer in [1, {GAMMA_LIMIT}] or 'auto', got {gamma!r}")
+    if not (gamma in ("auto", "heuristic") or (isinstance(gamma, int) and not isinstance(gamma, bool)
+                                                and 1 <= gamma <= GAMMA_LIMIT)):
+        raise ValueError(f"gamma must be an integer in [1, {GAMMA_LIMIT}], 'auto' or 'heuristic', got {gamma!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     dm = getattr(draft, "model", None)
@@ -113,6 +117,20 @@ class _AutoGamma:
         return self.gamma
 
 
+class _HeuristicGamma:
+    """The schedule of Hugging Face's assisted generation ("heuristic"): +2 after a fully accepted round, else −1."""
+
+    def __init__(self, start: int = 4):
+        self.gamma = start
+
+    def update(self, proposed: int, accepted: int, draft_s: float, target_s: float) -> None:
+        if proposed:
+            self.gamma = min(GAMMA_MAX, self.gamma + 2) if accepted == proposed else max(1, self.gamma - 1)
+
+    def next(self) -> int:
+        return self.gamma
+
+
 @torch.inference_mode()
 def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: int = 64, seed: int | None = 0,
              chat: bool | None = None, compare: bool = False, **sampling) -> SpeculativeOutput:
@@ -124,7 +142,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     params = SamplingParams.from_kwargs(None, **sampling)
     ids = encode_prompt(tok, prompt, chat)
     eos = getattr(tok, "eos_id", None)
-    auto = _AutoGamma() if gamma == "auto" else None
+    auto = _AutoGamma() if gamma == "auto" else _HeuristicGamma() if gamma == "heuristic" else None
     t0 = time.perf_counter()
     gen = make_generator(seed) if not params.greedy else None
     cache = target.new_cache(max_len=min(target.config.max_seq_len, len(ids) + max_new_tokens + GAMMA_LIMIT + 2))

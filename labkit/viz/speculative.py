@@ -7,6 +7,7 @@ from labkit.viz._spec import wrap_title
 
 __all__ = ["exactness_figure", "speedup_figure", "acceptance_figure"]
 
+_SCHEDULE_COLORS = {"auto": "#d62728", "heuristic": "#9467bd"}
 _LAYOUT = dict(height=420, margin=dict(t=80, l=60, r=20, b=50), legend=dict(orientation="h", y=-0.2))
 
 
@@ -34,7 +35,8 @@ def speedup_figure(alpha: float, c: float, t_rel: dict | None = None, measured: 
                    gammas=range(1, 9)) -> go.Figure:
     """Predicted speed-up against γ: the paper's T(γ+1) = T(1), the measured T(γ+1), and measured runs.
 
-    `measured`: rows {"gamma": int, "speedup": float} (a row with gamma "auto" is drawn as a line).
+    `measured`: rows {"gamma": int, "speedup": float}; a row whose gamma is a schedule ("auto",
+    "heuristic") is drawn as a dashed horizontal line.
     """
     from labkit.speculative.costs import predicted_speedup
 
@@ -52,11 +54,12 @@ def speedup_figure(alpha: float, c: float, t_rel: dict | None = None, measured: 
                                  marker=dict(size=12, color="#d62728"), name="measured"))
         for r in measured:
             if not isinstance(r["gamma"], int):
+                color = _SCHEDULE_COLORS.get(r["gamma"], "#d62728")
                 shapes.append(dict(type="line", xref="paper", x0=0, x1=1, y0=r["speedup"], y1=r["speedup"],
-                                   line=dict(color="#d62728", dash="dash", width=1)))
+                                   line=dict(color=color, dash="dash", width=1)))
     fig = go.Figure(traces)
     fig.update_layout(title=wrap_title(f"Speed-up over plain decoding against γ, for acceptance α = {alpha:.2f} and a draft "
-                                       f"step costing c = {c:.2f} target steps (dashed red: γ = auto, measured)"),
+                                       f"step costing c = {c:.2f} target steps (dashed, measured: red γ = auto, purple γ = heuristic)"),
                       xaxis=dict(title="γ (tokens drafted per round)", dtick=1), yaxis=dict(title="speed-up (×)"),
                       shapes=shapes, **_LAYOUT)
     return fig
