@@ -177,3 +177,19 @@ def test_heuristic_gamma_grows_after_full_acceptance_and_shrinks_after_a_rejecti
     target, draft, tok = pair
     out = generate(target, draft, tok, "the cat", gamma="heuristic", max_new_tokens=24, chat=False, compare=True)
     assert out.plain["same_tokens"] and len(set(out.gammas)) >= 1
+
+
+def test_auto_gamma_measures_two_pass_lengths_then_picks_the_fastest_gamma():
+    from labkit.speculative.decode import GAMMA_MAX, _AutoGamma, expected_tokens
+
+    cost = lambda k: 1.0 + 0.3 * (k - 1)  # noqa: E731  a CPU-like pass: grows with its tokens
+    auto = _AutoGamma(start=4)
+    seen = []
+    for _ in range(40):
+        g = auto.next()
+        seen.append(g)
+        accepted = int(0.4 * g)  # a poor draft: about 40 % of its tokens pass
+        auto.update(g, accepted, 0.1 * g, cost(g + 1))
+    assert seen[:2] == [4, 1]  # the start, then the other end, before any model is trusted
+    rate = {g: expected_tokens(min(auto.alpha, 0.999), g) / (0.1 * g + cost(g + 1)) for g in range(1, GAMMA_MAX + 1)}
+    assert seen[-1] == max(rate, key=rate.get)

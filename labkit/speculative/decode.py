@@ -110,7 +110,8 @@ class _AutoGamma:
 
     def next(self) -> int:
         if self.draft_s is None or len(self.target_s) < 2:
-            return self.gamma
+            # explore: the start γ, then γ = 1, so that T(k) is measured at two lengths before the model is used
+            return 1 if self.gamma + 1 in self.target_s else self.gamma
         a = min(self.alpha, 0.999)
         rate = {g: expected_tokens(a, g) / (g * self.draft_s + self._t(g + 1)) for g in range(1, GAMMA_MAX + 1)}
         self.gamma = max(rate, key=rate.get)
