@@ -115,6 +115,16 @@ def test_figures_say_what_they_show():
     kept = sliding_slots_figure(30, 10, 2).data[0].x
     assert list(kept) == [0, 1] + list(range(22, 30))
     assert len(ttft_itl_figure(TTFT, ITL).data) == 2
+    from labkit.costmodel import this_machine
+    from labkit.costmodel.estimator import sweep_estimates
+    from labkit.model import ModelConfig
+
+    cfg = ModelConfig.from_name("smollm2-135m")
+    m_ttft, m_itl = sweep_estimates(cfg, this_machine(), [r["prompt_len"] for r in TTFT], [r["position"] for r in ITL])
+    assert [r["ttft_s"] for r in m_ttft] == sorted(r["ttft_s"] for r in m_ttft)  # prefill grows with the prompt
+    assert m_ttft[-1]["ttft_s"] > 2 * m_itl[-1]["itl_s"]  # a long prompt costs more than one decode step
+    fig = ttft_itl_figure(TTFT, ITL, modelled=(m_ttft, m_itl))
+    assert len(fig.data) == 4 and fig.data[2].name == "cost model (roofline)"
     assert "prefill 100% of it" in reply_time_figure(TTFT, ITL, 16, 1).layout.title.text
     with pytest.raises(ValueError, match="window must be larger than sinks"):
         sliding_slots_figure(30, 4, 4)

@@ -184,3 +184,12 @@ def diagnose(est: Estimate, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.05) ->
         lines.append(f"{est.spill_bytes / 1e9:.2f} GB do not fit in DRAM and are read from the offload level every step.")
     lines.append(f"prefill is {est.prefill_share:.0%} of the request's time at prompt {est.prompt_len} / reply {est.reply_len}.")
     return lines
+
+
+def sweep_estimates(config, hw, prompt_lens, positions, bits: float = 32, **settings) -> tuple[list[dict], list[dict]]:
+    """The roofline's TTFT for each prompt length and its decode step at each position, as rows shaped like
+    `labkit.generation.latency.ttft_sweep` / `itl_sweep` ({prompt_len, ttft_s} and {position, itl_s})."""
+    kw = dict(weight_bits=bits, kv_bits=bits, act_bits=bits, **settings)
+    ttft = [{"prompt_len": int(p), "ttft_s": float(estimate(config, hw, int(p), 1, **kw).prefill_s)} for p in prompt_lens]
+    itl = [{"position": int(q), "itl_s": float(estimate(config, hw, int(q), 2, **kw).decode_step_s[0])} for q in positions]
+    return ttft, itl
