@@ -60,17 +60,19 @@ def test_generation_without_a_cache_gives_the_same_tokens_and_the_speedup_rows_a
         latency.ttft_sweep(model, [0])
 
 
-def test_predicted_speedup_reproduces_a_run_with_linear_step_costs_and_extends_it():
-    P, rows, without, with_ = 30, [], 0.0, 0.0
-    for i in range(12):  # uncached step: a pass over P + i tokens at 4 ms each; cached step: 40 ms
-        without += 0.004 * (P + i)
-        with_ += 0.004 * P if i == 0 else 0.040
-        rows.append({"new_tokens": i + 1, "uncached_s": without, "cached_s": with_, "speedup": without / with_})
-    predicted = dict(latency.predict_speedup(rows, P, [12, 200]))
-    assert predicted[12] == pytest.approx(rows[-1]["speedup"])
-    expected = sum(0.004 * (P + i) for i in range(200)) / (0.004 * P + 0.040 * 199)
-    assert predicted[200] == pytest.approx(expected)
-    assert latency.crossing([{"n": n, "s": s} for n, s in latency.predict_speedup(rows, P, range(1, 200))], "n", "s", 5.0) > 12
+def test_predicted_speedup_comes_from_the_calibration_sweeps():
+    P = 30
+    ttft = [{"prompt_len": 10, "ttft_s": 0.04}, {"prompt_len": 1000, "ttft_s": 4.0}]  # 4 ms per token in a pass
+    itl = [{"position": 10, "itl_s": 0.040}, {"position": 1000, "itl_s": 0.040}]  # a flat 40 ms decode step
+    predicted = dict(latency.predict_speedup(ttft, itl, P, [1, 12, 200]))
+    assert predicted[1] == pytest.approx(1.0)  # one token: both are the prefill
+    for n in (12, 200):
+        expected = sum(0.004 * (P + i) for i in range(n)) / (0.004 * P + 0.040 * (n - 1))
+        assert predicted[n] == pytest.approx(expected)
+    assert latency.crossing([{"n": n, "s": s} for n, s in latency.predict_speedup(ttft, itl, P, range(1, 200))],
+                            "n", "s", 5.0) > 12
+    with pytest.raises(ValueError, match="need ttft_rows and itl_rows"):
+        latency.predict_speedup([], itl, P, [4])
     assert "kvcache" in __import__("labkit.commands.bench", fromlist=["available"]).available()
 
 

@@ -148,35 +148,26 @@ def speedup_run(model, ids, n: int, repeat: int = 1) -> list[dict]:
     return rows
 
 
-def _line(xs, ys) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of ys against xs."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    var = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-    return my - slope * mx, slope
+def predict_speedup(ttft_rows, itl_rows, prompt_len: int, lengths) -> list[tuple[int, float]]:
+    """The KV cache's speed-up for each reply length, predicted from a calibration run made beforehand.
 
-
-def predict_speedup(rows: list[dict], prompt_len: int, lengths, pass_rows=None) -> list[tuple[int, float]]:
-    """Extend a measured `speedup_run` to longer replies: a cached step costs the run's median
-    step (decode time barely moves with the position at these lengths), an uncached step is
-    a line in the sequence length fitted to the run; the first token (the prefill) keeps its
-    measured time. `pass_rows` (rows of `ttft_sweep`: one uncached pass
-    over `prompt_len` tokens) anchor the uncached fit at long lengths, where a short run's
-    noise would otherwise decide the slope. Returns [(new_tokens, predicted speed-up)].
+    `ttft_rows` (`ttft_sweep`: one uncached pass over L tokens) and `itl_rows` (`itl_sweep`: a
+    cached step at position p) are interpolated. Without a cache, new token i re-runs the whole
+    sequence, a pass over prompt_len + i tokens; with one, it is a step at position
+    prompt_len + i; the first token is the prefill in both. Returns [(new_tokens, speed-up)].
     """
-    if len(rows) < 3:
-        raise ValueError(f"need at least 3 measured lengths to fit step costs, got {len(rows)}")
-    seq = [prompt_len + i for i in range(1, len(rows))]
-    steps = [b["uncached_s"] - a["uncached_s"] for a, b in zip(rows, rows[1:])]
-    extra = [(r["prompt_len"], r["ttft_s"]) for r in (pass_rows or [])]
-    uncached = _line(seq + [x for x, _ in extra], steps + [y for _, y in extra])
-    step_with = statistics.median(b["cached_s"] - a["cached_s"] for a, b in zip(rows, rows[1:]))  # ~flat in position
+    if not ttft_rows or not itl_rows:
+        raise ValueError("need ttft_rows and itl_rows from a calibration run (ttft_sweep, itl_sweep)")
+    passes = [(r["prompt_len"], r["ttft_s"]) for r in ttft_rows]
+    steps = [(r["position"], r["itl_s"]) for r in itl_rows]
+    first = interpolate(passes, prompt_len)
     out = []
     for n in lengths:
-        positions = [prompt_len + i for i in range(1, n)]
-        t_without = rows[0]["uncached_s"] + sum(max(0.0, uncached[0] + uncached[1] * t) for t in positions)
-        out.append((n, t_without / (rows[0]["cached_s"] + step_with * (n - 1))))
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"lengths must be positive integers, got {n!r}")
+        without = first + sum(max(0.0, interpolate(passes, prompt_len + i)) for i in range(1, n))
+        with_ = first + sum(max(0.0, interpolate(steps, prompt_len + i)) for i in range(1, n))
+        out.append((n, without / with_))
     return out
 
 

@@ -39,7 +39,7 @@ def cache_speedup_figure(rows, level: float = 5.0, predicted=None) -> go.Figure:
     fig = go.Figure(go.Scatter(x=n, y=[r["speedup"] for r in rows], mode="lines+markers", name="measured"))
     if predicted:
         fig.add_trace(go.Scatter(x=[p[0] for p in predicted], y=[p[1] for p in predicted], mode="lines",
-                                 line=dict(dash="dot"), name="predicted from step costs"))
+                                 line=dict(dash="dot"), name="predicted from a calibration run"))
     fig.add_hline(y=level, line=dict(color="red", dash="dash"), annotation_text=f"{level:g}x")
     cross = crossing(rows, "new_tokens", "speedup", level)
     where = f"crosses {level:g}x at about {cross:.0f} new tokens" if cross else f"stays below {level:g}x up to {n[-1]} tokens"
