@@ -11,7 +11,7 @@ export IPYTHONDIR          := $(BUILD)/ipython
 export MPLCONFIGDIR        := $(BUILD)/mpl
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 
-.PHONY: setup lab test test-unit test-notebooks test-browser notebooks student release bench doctor data clean
+.PHONY: setup lab test test-unit test-notebooks test-browser test-browser-all notebooks student release bench doctor data clean
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,10 @@ test-notebooks: setup
 
 test-browser: setup
 	$(VENV)/bin/pytest tests -m browser $(PYTEST_ARGS)
+
+# every chapter in JupyterLab in headless Chromium (several minutes; make test runs the welcome chapter)
+test-browser-all: setup
+	LABKIT_BROWSER_ALL=1 $(VENV)/bin/pytest tests/test_browser_chapters.py $(PYTEST_ARGS)
 
 # Re-execute chapters in place (all, or NB=notebooks/05_sampling.ipynb).
 notebooks: setup
