@@ -44,7 +44,7 @@ student: setup
 
 # nbgrader: source and release versions of every chapter in .build/course (its course directory).
 release: setup
-	$(PY) -m labkit.nbgrading release notebooks/[0-9]*.ipynb --root $(BUILD)/course
+	$(PY) -m labkit.nbtools release notebooks/[0-9]*.ipynb --root $(BUILD)/course
 
 bench: setup
 	$(VENV)/bin/labkit bench --json bench.json $(BENCH_ARGS)

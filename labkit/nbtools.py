@@ -1,8 +1,9 @@
-"""Notebook tooling: execute chapters in place, check them, write student copies.
+"""Notebook tooling: execute chapters in place, check them, write student copies, release them with nbgrader.
 
     python -m labkit.nbtools execute notebooks/01_tokenization.ipynb
     python -m labkit.nbtools check notebooks/*.ipynb
     python -m labkit.nbtools student notebooks/*.ipynb --out .build/student
+    python -m labkit.nbtools release notebooks/*.ipynb --root .build/course   # nbgrader (labkit.exercises._grading)
 
 Chapters are executed with `store_widget_state=False` (a plotly FigureWidget's
 saved state is 5 MB of JavaScript that JupyterLab does not even restore) and
@@ -147,6 +148,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("student", help="write student copies (solution cells replaced by stubs)")
     p.add_argument("paths", nargs="+")
     p.add_argument("--out", default=".build/student")
+    p = sub.add_parser("release", help="write nbgrader source and release versions of the chapters")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--root", default=".build/course")
     args = parser.parse_args(argv)
     if args.cmd == "execute":
         for path in args.paths:
@@ -159,6 +163,11 @@ def main(argv=None) -> int:
                 print(f"{path}: {problem}")
                 bad += 1
         return 1 if bad else 0
+    elif args.cmd == "release":
+        from labkit.exercises._grading import release
+
+        for target in release(args.paths, args.root):
+            print(f"released {target}")
     else:
         for target in write_students(args.paths, args.out):
             print(f"wrote {target}")

@@ -28,38 +28,53 @@ def _require_browser():
     pytest.skip(reason)
 
 
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def copy_without_outputs(src: Path, dest: Path) -> int:
+    """Write `src` to `dest` with no stored outputs (every output a test waits for comes from its run);
+    return the number of code cells."""
+    nb = nbformat.read(src, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(nb, dest)
+    return sum(c.cell_type == "code" for c in nb.cells)
+
+
+def open_and_run_all(p, port: int, name: str, errors: list):
+    """Launch Chromium, open notebook `name` in the JupyterLab on `port`, start Run All; (browser, page).
+    Page errors are appended to `errors`."""
+    browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"http://127.0.0.1:{port}/lab/tree/{name}?token={js.TOKEN}&reset", timeout=90_000)
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=90_000)
+    # JupyterLab may ask which kernel to start; accept its preselected Python 3
+    try:
+        page.locator(".jp-Dialog .jp-mod-accept").click(timeout=8_000)
+    except Exception:
+        pass
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+    return browser, page
+
+
 def test_welcome_slider_redraws_the_figure(tmp_path):
     _require_browser()
     from playwright.sync_api import sync_playwright
 
     root_dir = tmp_path / "nb"
     root_dir.mkdir()
-    # a copy without stored outputs, so every output the test waits for comes from this run
-    nb = nbformat.read(ROOT / "notebooks" / "00_welcome.ipynb", as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    nbformat.write(nb, root_dir / "welcome.ipynb")
+    copy_without_outputs(ROOT / "notebooks" / "00_welcome.ipynb", root_dir / "welcome.ipynb")
     port = js.free_port()
     proc, log = js.start(js.lab_command(port, root_dir), port, tmp_path, root_dir)
     errors = []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"http://127.0.0.1:{port}/lab/tree/welcome.ipynb?token={js.TOKEN}&reset", timeout=90_000)
-            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=90_000)
-            # JupyterLab may ask which kernel to start; accept its preselected Python 3
-            try:
-                page.locator(".jp-Dialog .jp-mod-accept").click(timeout=8_000)
-            except Exception:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+            browser, page = open_and_run_all(p, port, "welcome.ipynb", errors)
             # the last cell checks the exercise: all cells have run when its line appears
             page.wait_for_selector(".jp-OutputArea-output:has-text('[PASS] decode_tokens_per_s')", timeout=180_000)
             # JupyterLab renders only the cells in view: bring the widget on screen

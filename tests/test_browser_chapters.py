@@ -3,18 +3,13 @@ redraws its figure. Several minutes for all of them, so it runs with `make test-
 (LABKIT_BROWSER_ALL=1); `make test` runs the welcome chapter's browser test (test_browser.py)."""
 import os
 
-import nbformat
 import pytest
 
 from tests import jupyter_server as js
-from tests.conftest import ROOT
-from tests.test_browser import CHROMIUM, _require_browser
+from tests.test_browser import _require_browser, copy_without_outputs, open_and_run_all
 from tests.test_notebooks import NOTEBOOKS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 # the figure that sits in the same output as the first control of the chapter's first widget
 FIGURE_STATE = """() => {
@@ -43,29 +38,13 @@ def test_chapter_runs_in_the_browser_and_its_first_widget_redraws(path, tmp_path
 
     root_dir = tmp_path / "nb"
     root_dir.mkdir()
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    n_code = sum(c.cell_type == "code" for c in nb.cells)
-    nbformat.write(nb, root_dir / path.name)
+    n_code = copy_without_outputs(path, root_dir / path.name)
     port = js.free_port()
     proc, _ = js.start(js.lab_command(port, root_dir), port, tmp_path, root_dir)
     errors = []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"http://127.0.0.1:{port}/lab/tree/{path.name}?token={js.TOKEN}&reset", timeout=90_000)
-            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=90_000)
-            try:
-                page.locator(".jp-Dialog .jp-mod-accept").click(timeout=8_000)
-            except Exception:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+            browser, page = open_and_run_all(p, port, path.name, errors)
             # all cells have run when the last code cell shows an execution count and the kernel is idle
             page.wait_for_function(
                 f"""() => {{ const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];

@@ -159,15 +159,13 @@ def predict_speedup(ttft_rows, itl_rows, prompt_len: int, lengths) -> list[tuple
     if not ttft_rows or not itl_rows:
         raise ValueError("need ttft_rows and itl_rows from a calibration run (ttft_sweep, itl_sweep)")
     passes = [(r["prompt_len"], r["ttft_s"]) for r in ttft_rows]
-    steps = [(r["position"], r["itl_s"]) for r in itl_rows]
-    first = interpolate(passes, prompt_len)
     out = []
     for n in lengths:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"lengths must be positive integers, got {n!r}")
-        without = first + sum(max(0.0, interpolate(passes, prompt_len + i)) for i in range(1, n))
-        with_ = first + sum(max(0.0, interpolate(steps, prompt_len + i)) for i in range(1, n))
-        out.append((n, without / with_))
+        cached = reply_estimate(ttft_rows, itl_rows, prompt_len, n)  # the prefill, then n - 1 cached steps
+        without = cached["ttft_s"] + sum(max(0.0, interpolate(passes, prompt_len + i)) for i in range(1, n))
+        out.append((n, without / cached["total_s"]))
     return out
 
 

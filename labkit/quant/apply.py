@@ -17,7 +17,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
-from labkit.quant.linear import QuantLinear, packed_layout_problem
+from labkit.quant.linear import QuantLinear, layout, packed_layout_problem
 from labkit.quant.rtn import quantize
 
 __all__ = ["quantize_model", "METHODS", "MODEL_BITS", "model_nbytes"]
@@ -66,7 +66,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 8, group_s
     calib = _check_calib(model, calib, method)
     out = model if inplace else copy.deepcopy(model)
     out.requires_grad_(False)
-    granularity, symmetric = ("channel", True) if bits == 8 else (group_size, False)
+    granularity, symmetric = layout(bits, group_size)
 
     def layer(qt):
         return QuantLinear(qt, act_dtype=act_dtype, reference=reference or packed_layout_problem(qt) is not None)

@@ -27,7 +27,7 @@ from torch import nn
 
 from labkit.quant.rtn import QuantizedTensor, _check_bits, dequantize, quantize
 
-__all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES", "packed_layout_problem"]
+__all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES", "layout", "packed_layout_problem"]
 
 ACT_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -39,6 +39,12 @@ def has_kernel(bits: int) -> bool:
     if bits == 4:
         return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
     return False
+
+
+def layout(bits: int, group_size) -> tuple[int | str, bool]:
+    """(granularity, symmetric) of a quantized layer: int8 per channel and symmetric (the int8 kernel's
+    layout), fewer bits asymmetric in groups of `group_size` (or per channel)."""
+    return ("channel", True) if bits == 8 else (group_size, False)
 
 
 def packed_layout_problem(qt: QuantizedTensor) -> str | None:
@@ -89,11 +95,8 @@ class QuantLinear(nn.Module):
         """RTN-quantize a float weight [out, in]: int8 symmetric per channel, fewer bits asymmetric in groups
         of `group_size` (an int, or "channel"); layouts the packed kernels do not take need `reference`."""
         _check_bits(bits)
-        if bits == 8:
-            qt = quantize(weight, 8, "channel", symmetric=True)
-        else:
-            qt = quantize(weight, bits, group_size, symmetric=False)
-        return cls(qt, act_dtype=act_dtype, reference=reference)
+        granularity, symmetric = layout(bits, group_size)
+        return cls(quantize(weight, bits, granularity, symmetric=symmetric), act_dtype=act_dtype, reference=reference)
 
     @property
     def weight(self) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from labkit.metrics.protocol import quality, reference_logits
-from labkit.quant.apply import METHODS, MODEL_BITS, model_nbytes, quantize_model
+from labkit.quant.apply import METHODS, model_nbytes, quantize_model
 
 __all__ = ["STANDARD", "QUICK", "held_out_ids", "calibration_ids", "variant_name", "quantize_variant", "quality_rows"]
 
@@ -64,8 +64,6 @@ def variant_name(method: str, bits: int, group_size) -> str:
 def quantize_variant(model, method: str, bits: int, group_size, calib=None, act_dtype=torch.float32,
                      progress: bool = False):
     """`quantize_model` for one variant; calibration data only for the methods that use it."""
-    if bits not in MODEL_BITS:
-        raise ValueError(f"bits must be one of {MODEL_BITS}, got {bits!r}")
     return quantize_model(model, method=method, bits=bits, group_size=group_size,
                           calib=None if method == "rtn" else calib, act_dtype=act_dtype, progress=progress)
 

@@ -143,7 +143,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     params = SamplingParams.from_kwargs(None, **sampling)
     ids = encode_prompt(tok, prompt, chat)
     eos = getattr(tok, "eos_id", None)
-    auto = _AutoGamma() if gamma == "auto" else _HeuristicGamma() if gamma == "heuristic" else None
+    schedule = _AutoGamma() if gamma == "auto" else _HeuristicGamma() if gamma == "heuristic" else None  # γ per round
     t0 = time.perf_counter()
     gen = make_generator(seed) if not params.greedy else None
     cache = target.new_cache(max_len=min(target.config.max_seq_len, len(ids) + max_new_tokens + GAMMA_LIMIT + 2))
@@ -155,7 +155,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     proposed, accepted, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1  # per draft position
     tested = 0
     while len(out) < max_new_tokens and out[-1] != eos:
-        g = auto.next() if auto else gamma
+        g = schedule.next() if schedule else gamma
         g = max(0, min(g, max_new_tokens - len(out) - 1, cache.max_len - cache.seq_len - 2))
         d0 = time.perf_counter()
         drafted, q = drafter.propose(history, g, params, gen) if g else ([], None)
@@ -175,8 +175,8 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
         for i in range(len(drafted)):
             proposed[i] += 1
             accepted[i] += i < n
-        if auto:
-            auto.update(len(drafted), n, d1 - d0, t1 - d1)
+        if schedule:
+            schedule.update(len(drafted), n, d1 - d0, t1 - d1)
         gammas.append(len(drafted))
         new = drafted[:n] + [nxt]
         if eos in new:

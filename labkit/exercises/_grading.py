@@ -1,6 +1,6 @@
 """The chapters as an nbgrader course: solution regions and autograded checker cells in nbgrader's metadata.
 
-    python -m labkit.nbgrading release notebooks/*.ipynb --root .build/course     # (make release)
+    python -m labkit.nbtools release notebooks/*.ipynb --root .build/course     # (make release)
 
 For each chapter this writes nbgrader's *source* version, `ROOT/source/<chapter>/<chapter>.ipynb`:
 
@@ -18,7 +18,6 @@ nbgrader's usual course layout (`ROOT/submitted/<student>/<chapter>/<chapter>.ip
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import copy
 import os
@@ -154,19 +153,3 @@ def release(paths, root: str | Path) -> list[Path]:
         nbgrader("generate_assignment", source.parent.name, "--force", root=root)
         out.append(Path(root) / "release" / source.parent.name / source.name)
     return out
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit.nbgrading")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("release", help="write nbgrader source and release versions of the chapters")
-    p.add_argument("paths", nargs="+")
-    p.add_argument("--root", default=".build/course")
-    args = parser.parse_args(argv)
-    for target in release(args.paths, args.root):
-        print(f"released {target}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

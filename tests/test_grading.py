@@ -4,7 +4,7 @@ import shutil
 import nbformat
 import pytest
 
-from labkit import nbgrading
+from labkit.exercises import _grading as grading
 from tests.test_notebooks import NOTEBOOKS
 
 
@@ -15,7 +15,7 @@ def _cells(nb, key):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_solution_is_a_region_and_every_checker_a_graded_cell(path):
     nb = nbformat.read(path, as_version=4)
-    src = nbgrading.source_version(nb)
+    src = grading.source_version(nb)
     solutions, graded = _cells(src, "solution"), _cells(src, "grade")
     assert len(solutions) == sum("solution" in c.metadata.get("tags", []) for c in nb.cells) >= 2
     assert len(graded) >= 2 and all(c.source.startswith("assert labkit.exercises.check_") for c in graded)
@@ -28,11 +28,11 @@ def test_every_solution_is_a_region_and_every_checker_a_graded_cell(path):
 
 
 def test_solution_regions_wrap_function_bodies_only():
-    out = nbgrading.solution_regions('import math\n\ndef f(x):\n    """Doc."""\n    return math.sqrt(x)\n')
+    out = grading.solution_regions('import math\n\ndef f(x):\n    """Doc."""\n    return math.sqrt(x)\n')
     assert out.splitlines() == ["import math", "", "def f(x):", "    ### BEGIN SOLUTION", '    """Doc."""',
                                 "    return math.sqrt(x)", "    ### END SOLUTION"]
     with pytest.raises(ValueError, match="no checker cells"):
-        nbgrading.source_version(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
+        grading.source_version(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
 
 
 @pytest.mark.slow
@@ -42,7 +42,7 @@ def test_generate_assignment_then_autograde_gives_full_marks_to_the_solutions_an
 
     chapter = next(p for p in NOTEBOOKS if p.name == "08_power.ipynb")  # the fastest chapter with exercises
     root = tmp_path / "course"
-    released = nbgrading.release([chapter], root)[0]
+    released = grading.release([chapter], root)[0]
     release_nb = nbformat.read(released, as_version=4)
     stubs = _cells(release_nb, "solution")
     assert stubs and all("raise NotImplementedError()" in c.source and "BEGIN SOLUTION" not in c.source for c in stubs)
@@ -50,7 +50,7 @@ def test_generate_assignment_then_autograde_gives_full_marks_to_the_solutions_an
         target = root / "submitted" / student / chapter.stem / chapter.name
         target.parent.mkdir(parents=True)
         shutil.copy(version, target)
-    nbgrading.nbgrader("autograde", chapter.stem, root=root)
+    grading.nbgrader("autograde", chapter.stem, root=root)
     n = len(_cells(release_nb, "grade"))
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
         full = gb.find_submission(chapter.stem, "reference")
