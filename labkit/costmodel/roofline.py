@@ -9,8 +9,10 @@ moving only its own roof. Splitting linear from attention keeps the per-operator
 LLM-Viewer: at a large batch the linear layers turn compute-bound while attention, which
 reads a KV cache per sequence, stays memory-bound.
 
-All-reduce (ring, tp devices): 2 (tp-1)/tp * bytes / link bandwidth + 2 (tp-1) * link latency,
-twice per layer, not overlapped with compute (llm-analysis's rule).
+All-reduce (ring, tp devices): max(2 (tp-1)/tp * bytes / link bandwidth, link latency), twice per
+layer, not overlapped with compute (llm-analysis's rule: its `intra_node_min_message_latency` is a floor
+per all-reduce, which small decode messages hit; NCCL switches to low-latency algorithms for them rather
+than paying 2 (tp-1) ring hops of latency each).
 """
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ def phase_time(work, hw, *, weight_bits=16, kv_bits=16, act_bits=16, compute_eff
     tm_att = memory_time(parts["attention"], hw, me, m_scale)
     if work.n_allreduce:
         ring = 2 * (tp - 1) / tp
-        t_comm = work.n_allreduce * (ring * work.comm_bytes / (hw.link_bw_gbs * 1e9) + 2 * (tp - 1) * hw.link_latency_us * 1e-6)
+        t_comm = work.n_allreduce * np.maximum(ring * work.comm_bytes / (hw.link_bw_gbs * 1e9), hw.link_latency_us * 1e-6)
     else:
         t_comm = 0 * np.asarray(work.comm_bytes, dtype=float)
     time = np.maximum(tc_lin, tm_lin) + np.maximum(tc_att, tm_att) + t_comm

@@ -121,6 +121,9 @@ class Attention(nn.Module):
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, n_kv_heads, T, head_dim]
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, n_kv_heads, T, head_dim]
         q = rope(q, positions)
+        if hasattr(cache, "attend"):  # many sequences packed in one row: the cache attends per sequence
+            out = cache.attend(self.layer, q, k, v, rope)  # [1, n_heads, T, head_dim] (labkit.kvcache.batch)
+            return self.wo(out.transpose(1, 2).reshape(B, T, -1))
         if cache is None:
             k, mask = rope(k, positions), None
             causal = T > 1
@@ -270,8 +273,8 @@ class Transformer(nn.Module):
             x = self.tok_embeddings(ids)  # [B, T, d_model]
             for block in self.layers[:depth]:
                 x = block(x, rope, positions, cache)
-            if last_only:
-                x = x[:, -1:]
+            if last_only:  # a packed batch keeps each of its rows' last token
+                x = x[:, cache.last_index] if hasattr(cache, "last_index") else x[:, -1:]
             h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
             logits = linear(h, self.tok_embeddings.weight) if self.lm_head is None else self.lm_head(h)  # [B, T, V]
         except BaseException:

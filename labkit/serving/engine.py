@@ -1,0 +1,154 @@
+"""The engine: a scheduler, a packed paged KV cache and a model, stepping together.
+
+Each `step()` asks the scheduler for rows, packs their next tokens into one row of ids,
+runs the model once over the `PagedBatch` (`labkit.kvcache.batch`), and gives every
+request that has caught up its next token (sampled with its own parameters and seed).
+Finished requests free their blocks at once, so the next step can admit someone new.
+
+`replay(requests)` runs a trace on a *measured virtual clock*: the clock advances by the
+wall time each step really takes, and jumps over idle gaps to the next arrival instead
+of sleeping through them. Every time a request records is therefore a real compute time
+on this machine, while a trace with long pauses still runs in seconds.
+
+    engine = Engine(model, policy="chunked", max_batch=8, token_budget=64)
+    report = engine.replay(requests)          # the requests, now with their times
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from labkit.kvcache.batch import PagedBatch
+from labkit.sampling.pipeline import sample_next
+from labkit.serving.request import Request
+from labkit.serving.scheduler import Scheduler
+
+__all__ = ["Engine", "Step", "Replay"]
+
+
+@dataclass
+class Step:
+    """One forward pass: when it ran and which requests it served with how many tokens."""
+
+    index: int
+    start: float
+    end: float
+    rows: list[tuple[object, int]]
+    kv_tokens: int          # tokens held in the cache after the step
+    kv_slots: int           # slots in allocated blocks (paged)
+    kv_reserved: int        # slots a cache that preallocates prompt + max_new_tokens per running request would hold
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(n for _, n in self.rows)
+
+
+@dataclass
+class Replay:
+    """What `Engine.replay` returns: the requests (with their times) and every step."""
+
+    policy: str
+    requests: list[Request]
+    steps: list[Step] = field(default_factory=list)
+    preemptions: int = 0
+
+
+class Engine:
+    """Serve `model` with a `policy` ("static", "continuous" or "chunked", see `labkit.serving.scheduler`).
+
+    The KV pool holds `num_blocks` blocks of `block_size` tokens (default: room for
+    `max_batch` requests of the whole context).
+    """
+
+    def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
+                 block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0):
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        if num_blocks is None:
+            num_blocks = max_batch * -(-model.config.max_seq_len // block_size)
+        self.model = model
+        self.cache = PagedBatch(model.config, num_blocks=num_blocks, block_size=block_size, dtype=model.dtype,
+                                device=model.device)
+        self.scheduler = Scheduler(self.cache.tables, policy=policy, max_batch=max_batch, token_budget=token_budget,
+                                   context=model.config.max_seq_len, max_wait_s=max_wait_s)
+        self.steps: list[Step] = []
+        self.listeners: dict = {}  # request id -> callable(request, token) (the server streams through it)
+
+    @property
+    def policy(self) -> str:
+        return self.scheduler.policy
+
+    def add(self, req: Request, listener=None) -> None:
+        self.scheduler.add(req)
+        if listener is not None:
+            self.listeners[req.id] = listener
+
+    @torch.inference_mode()
+    def step(self, now: float = 0.0, draining: bool = False, clock=None) -> Step | None:
+        """Run one pass at time `now`; return it (None when nothing could run).
+
+        Token times are `now` + the pass's wall time, or `clock()` after the pass when given.
+        """
+        rows = self.scheduler.schedule(now, draining)
+        if not rows:
+            return None
+        t0 = time.perf_counter()
+        ids = [t for req, n in rows for t in req.next_tokens(n)]
+        self.cache.plan([(req.id, n) for req, n in rows])
+        logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache, last_only=True)[0]
+        end = now + (time.perf_counter() - t0) if clock is None else clock()
+        for (req, n), row_logits in zip(rows, logits):
+            req.n_cached += n
+            req.steps.append((len(self.steps), n))
+            if req.n_uncached:
+                continue  # a prompt chunk: no token yet
+            token = sample_next(row_logits.float(), req.tokens, req.params, req.generator)
+            done = req.add_token(token, end)
+            if req.id in self.listeners:
+                self.listeners[req.id](req, token)
+            if done:
+                req.finish = end
+                self.scheduler.finish(req)
+                self.listeners.pop(req.id, None)
+        tables = self.cache.tables
+        reserved = sum(r.max_len for r in self.scheduler.running)
+        step = Step(len(self.steps), now, end, [(req.id, n) for req, n in rows], tables.used_tokens(),
+                    (tables.num_blocks - tables.n_free) * tables.block_size, reserved)
+        self.steps.append(step)
+        return step
+
+    def replay(self, requests: list[Request], progress: bool = False, max_steps: int = 100_000) -> Replay:
+        """Serve `requests` (with their `arrival` times) to the end on the measured virtual clock."""
+        pending = sorted(requests, key=lambda r: r.arrival)
+        first_step = len(self.steps)
+        now, i = (pending[0].arrival if pending else 0.0), 0
+        bar = _bar(progress, sum(r.max_new_tokens for r in pending), self.policy)
+        while i < len(pending) or self.scheduler.has_work:
+            while i < len(pending) and pending[i].arrival <= now:
+                self.add(pending[i])
+                i += 1
+            step = self.step(now, draining=i == len(pending))
+            if step is not None:
+                now = step.end
+                if bar is not None:
+                    bar.update(sum(1 for rid, n in step.rows))
+            elif i < len(pending):
+                now = max(now, pending[i].arrival)  # idle: jump to the next arrival
+            elif self.scheduler.has_work:
+                now += self.scheduler.max_wait_s  # static batching waiting for a batch that cannot fill
+            if len(self.steps) - first_step > max_steps:
+                raise RuntimeError(f"replay did not finish within {max_steps} steps")
+        if bar is not None:
+            bar.close()
+        return Replay(self.policy, list(requests), self.steps[first_step:], self.scheduler.preemptions)
+
+
+def _bar(progress: bool, total: int, policy: str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=f"serving ({policy})", unit="tok", leave=False)

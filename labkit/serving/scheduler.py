@@ -1,0 +1,193 @@
+"""Which requests run in the next step, and how many of their tokens: three batching policies.
+
+In the spirit of nano-vllm's `Scheduler` and vLLM's: a queue of waiting requests, a list
+of running ones, and KV blocks (`labkit.kvcache.batch.BlockTables`) that every running
+request holds. Each step `schedule()` returns rows `(request, n_tokens)` for one batched
+forward pass, under two limits: `max_batch` running requests and `token_budget` tokens
+per pass.
+
+- **static**: wait for a full batch (or `max_wait_s`, or the end of the trace), reserve KV
+  for every request's whole reply up front, run the batch until its last request ends.
+  Nothing joins a batch in flight: a short reply's slot idles until the longest is done.
+- **continuous** (Yu et al. 2022, "Orca"; nano-vllm's order): admit waiting requests
+  whenever a slot, the blocks for the prompt and the budget allow; a step with new
+  prompts is a prefill-only step (prefill has priority), otherwise every running
+  request decodes one token.
+- **chunked** (Agrawal et al. 2024, "Sarathi-Serve"; vLLM v1): every running request
+  decodes first, then prompt chunks fill what is left of the budget, so a long prompt is
+  prefilled a piece per step and never stalls the others' next tokens for long.
+
+When a running request needs a block and none is free, the scheduler *preempts* the
+most recently admitted request by recomputation (vLLM's default): its blocks are freed,
+it goes back to the front of the queue, and when readmitted its prompt and the tokens it
+already produced are prefilled again. Nothing is swapped out to host memory.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from labkit.kvcache.batch import BlockTables
+from labkit.serving.request import Request, Status
+
+__all__ = ["Scheduler", "POLICIES"]
+
+POLICIES = ("static", "continuous", "chunked")
+
+
+class Scheduler:
+    """Plan each step's rows over `blocks` (the KV block tables the engine's cache uses)."""
+
+    def __init__(self, blocks: BlockTables, *, policy: str = "continuous", max_batch: int = 8,
+                 token_budget: int = 256, context: int | None = None, max_wait_s: float = 1.0):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        if not isinstance(token_budget, int) or token_budget < blocks.block_size:
+            raise ValueError(f"token_budget must be an integer of at least one block ({blocks.block_size} tokens), "
+                             f"got {token_budget!r}")
+        if not (isinstance(max_wait_s, (int, float)) and max_wait_s >= 0):
+            raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
+        self.blocks, self.policy = blocks, policy
+        self.max_batch, self.token_budget, self.context, self.max_wait_s = max_batch, token_budget, context, max_wait_s
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.preemptions = 0
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def add(self, req: Request) -> None:
+        """Queue a request; ValueError if it could never run under these limits."""
+        self.check(req)
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    def check(self, req: Request) -> None:
+        """Raise ValueError if `req` could never run under these limits (it is not queued)."""
+        bs = self.blocks.block_size
+        if self.context is not None and req.max_len > self.context:
+            raise ValueError(f"request {req.id!r}: prompt of {len(req.prompt)} tokens + max_new_tokens "
+                             f"{req.max_new_tokens} exceeds the context of {self.context} tokens")
+        if -(-req.max_len // bs) > self.blocks.num_blocks:
+            raise ValueError(f"request {req.id!r} needs {-(-req.max_len // bs)} KV blocks, the cache has "
+                             f"{self.blocks.num_blocks}; give the engine more num_blocks")
+        if self.policy != "chunked" and req.max_len > self.token_budget:
+            raise ValueError(f"request {req.id!r} may need {req.max_len} tokens in one prefill, above token_budget="
+                             f"{self.token_budget}; use policy='chunked' or a larger token_budget")
+
+    def finish(self, req: Request) -> None:
+        """A request is done: free its blocks."""
+        self.running.remove(req)
+        self.blocks.free(req.id)
+        req.status = Status.FINISHED
+
+    def preempt(self, req: Request) -> None:
+        """Recompute-preemption: free the blocks, back to the front of the queue."""
+        self.running.remove(req)
+        self.blocks.free(req.id)
+        req.n_cached, req.status = 0, Status.WAITING
+        req.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def schedule(self, now: float = 0.0, draining: bool = False) -> list[tuple[Request, int]]:
+        """Rows for the next pass: [(request, n_tokens)]; [] when nothing can run now.
+
+        `now`: the clock (static batching waits up to `max_wait_s` for a full batch);
+        `draining`: no more requests will arrive (static batching stops waiting).
+        """
+        if self.policy == "static":
+            return self._static(now, draining)
+        if self.policy == "continuous":
+            return self._continuous()
+        return self._chunked()
+
+    def _admit(self, req: Request, n_reserve: int) -> None:
+        self.waiting.popleft()
+        if req.id not in self.blocks.tables:
+            self.blocks.add(req.id)
+        self.blocks.reserve(req.id, n_reserve)
+        req.status = Status.RUNNING
+        self.running.append(req)
+
+    def _static(self, now: float, draining: bool) -> list[tuple[Request, int]]:
+        if not self.running and self.waiting:
+            full = len(self.waiting) >= self.max_batch
+            if full or draining or now - self.waiting[0].arrival >= self.max_wait_s:
+                while self.waiting and len(self.running) < self.max_batch:
+                    req = self.waiting[0]
+                    if not self.blocks.can_reserve(req.id, req.max_len):  # the whole reply, reserved up front
+                        break
+                    self._admit(req, req.max_len)
+        rows, budget = [], self.token_budget
+        for req in self.running:
+            n = req.n_uncached
+            if n > budget:
+                break
+            rows.append((req, n))
+            budget -= n
+        return rows
+
+    def _continuous(self) -> list[tuple[Request, int]]:
+        rows, budget = [], self.token_budget
+        while self.waiting and len(self.running) < self.max_batch:
+            req = self.waiting[0]
+            n = req.n_uncached
+            if n > budget or not self.blocks.can_reserve(req.id, n):
+                break
+            self._admit(req, n)
+            rows.append((req, n))
+            budget -= n
+        if rows:
+            return rows  # prefill has priority: this step runs the new prompts only
+        return self._decode_running(budget)
+
+    def _chunked(self) -> list[tuple[Request, int]]:
+        budget = self.token_budget
+        rows = self._decode_running(budget)
+        budget -= sum(n for _, n in rows)
+        decoding = {id(req) for req, _ in rows}
+        for req in list(self.running):  # requests part-way through their prompt: the next chunk
+            if id(req) in decoding or budget == 0 or req not in self.running:
+                continue
+            n = min(req.n_uncached, budget)
+            if not self._make_room(req, n):
+                continue
+            rows.append((req, n))
+            budget -= n
+        while self.waiting and len(self.running) < self.max_batch and budget > 0:
+            req = self.waiting[0]
+            n = min(req.n_uncached, budget)
+            if not self.blocks.can_reserve(req.id, n):
+                break
+            self._admit(req, n)
+            rows.append((req, n))
+            budget -= n
+        return rows
+
+    def _decode_running(self, budget: int) -> list[tuple[Request, int]]:
+        """One token for every running request that has its whole prompt cached (oldest first)."""
+        rows = []
+        for req in list(self.running):
+            if req not in self.running or not req.prefilled or req.n_uncached != 1 or budget == 0:
+                continue
+            if self._make_room(req, 1):
+                rows.append((req, 1))
+                budget -= 1
+        return [(r, n) for r, n in rows if r in self.running]
+
+    def _make_room(self, req: Request, n: int) -> bool:
+        """Reserve blocks for n more tokens of `req`, preempting the newest requests if needed."""
+        while not self.blocks.can_reserve(req.id, n):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is req:
+                return False
+        self.blocks.reserve(req.id, n)
+        return True
