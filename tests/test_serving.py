@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from labkit.kvcache.batch import BlockTables, PagedBatch
 from labkit.model import ModelConfig
 from labkit.model.transformer import Transformer
-from labkit.serving import Engine, Request, Scheduler, fresh, poisson_trace, summarize
+from labkit.serving import Engine, Replay, Request, Scheduler, fresh, poisson_trace, studies, summarize
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=128)
 
@@ -75,25 +75,10 @@ def test_packed_batch_refuses_bad_plans(tiny):
 # ---- the schedulers, on a scripted trace, without a model --------------------------------------------
 
 
-def simulate(scheduler: Scheduler, requests: list[Request], check=None) -> list[list[tuple[int, int]]]:
-    """Step the scheduler with a fake model (token 0 every time); return each step's rows."""
-    for r in requests:
-        scheduler.add(r)
-    trace = []
-    while scheduler.has_work:
-        rows = scheduler.schedule(now=0.0, draining=True)
-        assert rows, "the scheduler stalled with work left"
-        for req, n in rows:
-            scheduler.blocks.reserve(req.id, n)  # what the engine's cache does in begin(): already reserved
-            scheduler.blocks.commit(req.id, n)
-            req.n_cached += n
-            if req.n_uncached == 0 and req.add_token(0, 0.0):
-                scheduler.finish(req)
-        trace.append([(req.id, n) for req, n in rows])
-        if check:
-            check(scheduler)
-        assert len(trace) < 10_000
-    return trace
+def simulate(policy, requests, check=None, **limits) -> tuple[list[list[tuple[int, int]]], Replay]:
+    """The scheduler with a fake model (token 0, one second a step): each step's rows, and the replay."""
+    replay = studies.simulate(requests, lambda rows: 1.0, policy=policy, on_step=check, **limits)
+    return [s.rows for s in replay.steps], replay
 
 
 def five_requests():
@@ -111,8 +96,8 @@ def test_scheduler_batches_match_the_hand_derivation(policy, budget, expected):
     """continuous: request 2 ends after its prefill, its free slot admits 4 in a prefill-only step, then all
     decode. chunked: the free slot's prefill rides along with the decodes. static: 4 waits until the whole
     first batch is done. chunked at budget 8: decodes first, then whole prompts, then a 2-token chunk of 3."""
-    sched = Scheduler(BlockTables(100, 4), policy=policy, max_batch=4, token_budget=budget)
-    assert simulate(sched, five_requests()) == expected
+    steps, _ = simulate(policy, five_requests(), max_batch=4, token_budget=budget, block_size=4, num_blocks=100)
+    assert steps == expected
 
 
 def block_invariants(scheduler: Scheduler) -> None:
@@ -131,19 +116,20 @@ def block_invariants(scheduler: Scheduler) -> None:
 @given(policy=st.sampled_from(["static", "continuous", "chunked"]), num_blocks=st.integers(6, 24),
        max_batch=st.integers(1, 6), lengths=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 9)), min_size=1, max_size=10))
 def test_blocks_are_never_leaked_or_freed_twice(policy, num_blocks, max_batch, lengths):
-    sched = Scheduler(BlockTables(num_blocks, 4), policy=policy, max_batch=max_batch, token_budget=24)
     reqs = [Request(i, list(range(1, p + 1)), r) for i, (p, r) in enumerate(lengths)]
-    simulate(sched, reqs, check=block_invariants)
-    assert sched.blocks.n_free == num_blocks and not sched.blocks.tables
+    seen = []
+    simulate(policy, reqs, check=lambda s: (block_invariants(s), seen.append(s)), max_batch=max_batch,
+             token_budget=24, block_size=4, num_blocks=num_blocks)
+    assert seen[-1].blocks.n_free == num_blocks and not seen[-1].blocks.tables
     assert all(len(r.output) == r.max_new_tokens for r in reqs)
 
 
 def test_a_full_pool_preempts_the_newest_request_and_recomputes_it():
     # 2 requests of 4 + up to 8 tokens on 4 blocks of 4: both fit at first, then one must give way
-    sched = Scheduler(BlockTables(4, 4), policy="continuous", max_batch=2, token_budget=16)
     reqs = [Request(0, [1, 2, 3, 4], 8), Request(1, [5, 6, 7, 8], 8)]
-    steps = simulate(sched, reqs, check=block_invariants)
-    assert sched.preemptions >= 1 and reqs[1].preemptions >= 1 and reqs[0].preemptions == 0
+    steps, replay = simulate("continuous", reqs, check=block_invariants, max_batch=2, token_budget=16, block_size=4,
+                             num_blocks=4)
+    assert replay.preemptions >= 1 and reqs[1].preemptions >= 1 and reqs[0].preemptions == 0
     assert any((1, n) in s for s in steps for n in range(5, 12)), "the preempted request's prompt + output is prefilled again"
 
 

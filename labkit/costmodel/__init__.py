@@ -6,10 +6,11 @@ Pure functions of a model config and a hardware profile: nothing here runs a mod
 """
 from labkit.costmodel.estimator import Estimate, check_settings, diagnose, estimate, ridge_tokens
 from labkit.costmodel.profiles import HARDWARE, Hardware, hardware, precision_for, profile_table, this_machine
-from labkit.costmodel.serving import (LLAMA3_70B, compare_plans, cost_per_million_tokens, critical_batch, decode_throughput,
-                                      parallel_plan)
+from labkit.costmodel.serving import (LLAMA3_70B, compare_plans, cost_per_million_tokens, critical_batch,
+                                      decode_throughput, parallel_plan, pass_time)
 from labkit.costmodel.workload import kv_bytes_per_token
 
 __all__ = ["estimate", "Estimate", "hardware", "HARDWARE", "Hardware", "this_machine", "profile_table",
            "precision_for", "ridge_tokens", "kv_bytes_per_token", "check_settings", "diagnose",
-           "critical_batch", "decode_throughput", "parallel_plan", "compare_plans", "cost_per_million_tokens", "LLAMA3_70B"]
+           "critical_batch", "decode_throughput", "parallel_plan", "compare_plans", "cost_per_million_tokens", "pass_time",
+           "LLAMA3_70B"]

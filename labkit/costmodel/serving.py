@@ -38,7 +38,7 @@ from labkit.costmodel.roofline import phase_time
 from labkit.costmodel.workload import ModelShape, bits_per_element, check_lengths, decode_work
 from labkit.model.config import ModelConfig
 
-__all__ = ["critical_batch", "decode_throughput", "parallel_plan", "compare_plans", "cost_per_million_tokens",
+__all__ = ["critical_batch", "decode_throughput", "pass_time", "parallel_plan", "compare_plans", "cost_per_million_tokens",
            "LLAMA3_70B"]
 
 # Meta-Llama-3-70B, from the config.json on its model card (meta-llama/Meta-Llama-3-70B):
@@ -155,6 +155,25 @@ def decode_throughput(config, hw, batches, context: int, **settings) -> list[dic
         rows.append({"batch": b, "step_s": step, "tokens_per_s": b / step, "bound": est.bound["decode"],
                      "mbu": est.mbu_decode, "mfu": est.mfu_decode})
     return rows
+
+
+def pass_time(config, hw, n_tokens: int, cached_tokens: int = 0, **settings) -> float:
+    """Modelled seconds of one serving pass over `n_tokens` new tokens that also reads `cached_tokens` of KV.
+
+    A scheduler's pass packs decode tokens and prompt chunks of many requests: the linear layers see
+    `n_tokens` tokens (one weight read, 2 FLOPs per weight per token: the roofline of a prefill of that
+    many tokens), and attention reads every cached key and value its rows attend over. So: the prefill
+    time of `n_tokens` + cached_tokens x KV bytes per token / bandwidth. An approximation (each prompt
+    chunk's attention to itself is charged as if it were one prompt), close where the linear layers
+    dominate, which they do at the lengths a serving trace has.
+    """
+    _positive_int("n_tokens", n_tokens)
+    if not (isinstance(cached_tokens, int) and cached_tokens >= 0):
+        raise ValueError(f"cached_tokens must be an integer >= 0, got {cached_tokens!r}")
+    hw = hardware(hw)
+    est = estimate(config, hw, prompt_len=n_tokens, reply_len=1, **settings)
+    mem_eff = settings.get("mem_eff") or hw.mem_eff
+    return est.prefill_s + cached_tokens * est.kv_bytes_per_token / (hw.mem_bw_gbs * 1e9 * mem_eff)
 
 
 def _positive_int(name, value):

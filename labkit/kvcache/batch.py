@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.kvcache.base import KVCache, causal_mask
-from labkit.kvcache.paged import BlockManager, BlockPool
+from labkit.kvcache.paged import BlockManager
 
 __all__ = ["BlockTables", "PagedBatch"]
 
@@ -107,7 +107,11 @@ class PagedBatch(KVCache):
                  device: str | torch.device = "cpu"):
         super().__init__(config, max_len=config.max_seq_len, batch_size=1, dtype=dtype, device=device)
         self.tables = BlockTables(num_blocks, block_size)
-        self.pool = BlockPool(config, num_blocks, block_size, dtype, self.device)
+        # token-major blocks [n_layers, num_blocks, block_size, n_kv_heads, head_dim]: gathering a sequence's
+        # blocks gives [keys, heads, head_dim] rows in order, a view away from what attention reads (no permute copy)
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.values = torch.zeros(shape, dtype=dtype, device=self.device)
         self.block_size = block_size
         self._rows: list[tuple] | None = None
         self._pass: dict | None = None
@@ -175,9 +179,10 @@ class PagedBatch(KVCache):
         decode = [i for i, n in enumerate(counts) if n == 1]
         if decode:  # one padded call for all decoding rows; the padding (and block 0 standing in) is masked
             keys_at = torch.arange(math.ceil(max(ends[i] for i in decode) / bs) * bs, device=dev)
-            mask = keys_at[None, :] < torch.tensor([ends[i] for i in decode], device=dev)[:, None]  # [Sd, K]
+            seen = keys_at[None, :] < torch.tensor([ends[i] for i in decode], device=dev)[:, None]  # [Sd, K]
+            mask = torch.zeros(seen.shape, dtype=self.dtype, device=dev).masked_fill_(~seen, float("-inf"))
             p["decode"] = (torch.tensor(decode, device=dev), torch.tensor([token_start[i] for i in decode], device=dev),
-                           mask[:, None, None, :])
+                           mask[:, None, None, :])  # additive, made once per pass: every layer reuses it
         for i, n in enumerate(counts):
             if n > 1:
                 p["prefill"].append((i, token_start[i], n, ends[i], causal_mask(n, ends[i], dev)))
@@ -191,12 +196,12 @@ class PagedBatch(KVCache):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> torch.Tensor:
         """Store this pass's keys/values and attend each sequence over its own: q [1, Hq, N, D] -> [1, Hq, N, D]."""
         p = self._pass
-        keys, values = self.pool.keys[layer], self.pool.values[layer]  # [num_blocks, Hkv, bs, D]
+        keys, values = self.keys[layer], self.values[layer]  # [num_blocks, bs, Hkv, D]
         k = rope(k, self.positions_in_pass)
         H, D = k.shape[1], k.shape[3]
         blocks, offsets = p["write"]
-        keys[blocks, :, offsets] = k[0].transpose(0, 1)  # [N, Hkv, D], one row per token
-        values[blocks, :, offsets] = v[0].transpose(0, 1)
+        keys[blocks, offsets] = k[0].transpose(0, 1)  # [N, Hkv, D], one row per token
+        values[blocks, offsets] = v[0].transpose(0, 1)
         out = torch.empty_like(q)
         Hq = q.shape[1]
         if p["decode"] is not None:
@@ -215,10 +220,11 @@ class PagedBatch(KVCache):
 
     @staticmethod
     def _gather(store: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """Blocks of `table` [S, nb] read in order: store [num_blocks, H, bs, D] -> [S, H, nb·bs, D]."""
-        blocks = store[table]  # [S, nb, H, bs, D]
-        S, nb, H, bs, D = blocks.shape
-        return blocks.permute(0, 2, 1, 3, 4).reshape(S, H, nb * bs, D)
+        """Blocks of `table` [S, nb] read in order: store [num_blocks, bs, H, D] -> [S, H, nb·bs, D] (a view of one copy)."""
+        S, nb = table.shape
+        _, bs, H, D = store.shape
+        # index_select on the flat table: one contiguous copy (indexing with the 2-D table is ~40x slower on CPU)
+        return store.index_select(0, table.reshape(-1)).view(S, nb * bs, H, D).transpose(1, 2)
 
     def end(self) -> None:
         if self._n_new is None:
@@ -236,7 +242,11 @@ class PagedBatch(KVCache):
         self.abort()
 
     def bytes_allocated(self) -> int:
-        return (self.tables.num_blocks - self.tables.n_free) * self.pool.block_bytes()
+        return (self.tables.num_blocks - self.tables.n_free) * self.block_bytes()
 
     def bytes_used(self) -> int:
-        return self.tables.used_tokens() * self.pool.block_bytes() // self.block_size
+        return self.tables.used_tokens() * self.block_bytes() // self.block_size
+
+    def block_bytes(self) -> int:
+        """Bytes of one block: keys and values of `block_size` tokens in every layer."""
+        return 2 * self.keys[:, 0].numel() * self.keys.element_size()

@@ -7,6 +7,7 @@ from labkit.serving.engine import Engine, Replay, Step
 from labkit.serving.request import Request, Status
 from labkit.serving.scheduler import POLICIES, Scheduler
 from labkit.serving.trace import fresh, percentile, poisson_trace, summarize
+from labkit.serving import studies
 
 __all__ = ["Engine", "Replay", "Step", "Request", "Status", "Scheduler", "POLICIES", "poisson_trace", "summarize",
            "percentile", "fresh"]

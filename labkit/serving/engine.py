@@ -100,13 +100,18 @@ class Engine:
         ids = [t for req, n in rows for t in req.next_tokens(n)]
         self.cache.plan([(req.id, n) for req, n in rows])
         logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache, last_only=True)[0]
+        if torch.isnan(logits).any():
+            raise ValueError("the model produced NaN logits; refusing to sample")
+        argmax = logits.argmax(-1).tolist()  # greedy rows all at once (lowest id on ties, as sample_next)
         end = now + (time.perf_counter() - t0) if clock is None else clock()
-        for (req, n), row_logits in zip(rows, logits):
+        for (req, n), row_logits, best in zip(rows, logits, argmax):
             req.n_cached += n
             req.steps.append((len(self.steps), n))
             if req.n_uncached:
                 continue  # a prompt chunk: no token yet
-            token = sample_next(row_logits.float(), req.tokens, req.params, req.generator)
+            plain = req.params.greedy and req.params.repetition_penalty == 1.0 and not (
+                req.params.frequency_penalty or req.params.presence_penalty)
+            token = best if plain else sample_next(row_logits.float(), req.tokens, req.params, req.generator)
             done = req.add_token(token, end)
             if req.id in self.listeners:
                 self.listeners[req.id](req, token)

@@ -31,9 +31,12 @@ def _check_range(name: str, value) -> tuple[int, int]:
 
 
 def poisson_trace(n: int, rate: float, *, prompt_len=(16, 128), reply_len=(8, 64), source: list[int],
-                  seed: int = 0, **request_opts) -> list[Request]:
-    """`n` requests arriving at `rate` per second (Poisson), lengths uniform in the given ranges.
+                  reply_mean: float | None = None, seed: int = 0, **request_opts) -> list[Request]:
+    """`n` requests arriving at `rate` per second (Poisson), prompt lengths uniform in `prompt_len`.
 
+    Reply lengths are uniform in `reply_len`, or, with `reply_mean`, geometric with that mean (a reply
+    that ends with the same probability 1/reply_mean after every token, as if the model emitted EOS at
+    random) clipped to `reply_len`: most replies short, a few long, which is what makes static batches wait.
     `source`: token ids the prompts are cut from (request i starts at a seeded offset).
     `rate=float('inf')` puts every arrival at t = 0 (a burst: an offline batch job).
     """
@@ -49,7 +52,12 @@ def poisson_trace(n: int, rate: float, *, prompt_len=(16, 128), reply_len=(8, 64
     gaps = np.zeros(n) if rate == float("inf") else rng.exponential(1.0 / rate, n)
     arrivals = np.cumsum(gaps) - gaps[0]  # the first request arrives at t = 0
     prompts = rng.integers(p_lo, p_hi + 1, n)
-    replies = rng.integers(r_lo, r_hi + 1, n)
+    if reply_mean is None:
+        replies = rng.integers(r_lo, r_hi + 1, n)
+    elif isinstance(reply_mean, (int, float)) and reply_mean >= 1:
+        replies = np.clip(rng.geometric(1.0 / reply_mean, n), r_lo, r_hi)
+    else:
+        raise ValueError(f"reply_mean must be None (uniform lengths) or a number >= 1, got {reply_mean!r}")
     starts = rng.integers(0, len(source) - p_hi, n)
     return [Request(i, list(source[s:s + p]), int(r), arrival=float(a), **request_opts)
             for i, (a, p, r, s) in enumerate(zip(arrivals, prompts, replies, starts))]
