@@ -101,3 +101,25 @@ def test_the_server_binds_this_machine_only():
     model, tok = labkit.load(MODEL)
     with pytest.raises(ValueError, match="host must be 127.0.0.1"):
         Server(model, tok, MODEL, host="0.0.0.0")
+
+
+def test_labkit_serve_starts_answers_and_stops_on_ctrl_c():
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import python_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "serve", "--model", MODEL, "--port", "0", "--max-batch", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env())
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"Serving {MODEL}") and "http://127.0.0.1:" in line, line + proc.stderr.read()
+        url = line.rsplit(" at ", 1)[1].strip()
+        status, _, body = post(url, chat("ROMEO:"))
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "stopped" in out
