@@ -10,7 +10,8 @@ E(γ) / (γ·c + T(γ+1)) with E(γ) = (1 − α^(γ+1)) / (1 − α).
 from __future__ import annotations
 
 
-TITLE = "Speculative decoding: acceptance, tokens/call, speed-up measured vs predicted (draft model, layer skip, prompt lookup)"
+TITLE = ("Speculative decoding: acceptance, tokens/call, speed-up measured vs predicted (draft model, layer skip, "
+         "prompt lookup, MTP head)")
 
 PASSAGE = ("The lighthouse keeper climbed the tower every evening at dusk. He trimmed the wick, wound the clockwork "
            "that turned the lens, and wrote the weather in his log: wind, sea, and the ships that passed.")
@@ -31,6 +32,26 @@ def _case(target, make_drafter, tok, prompt, gammas, n, rounds, chat, c, t_rel) 
         if isinstance(row["gamma"], int):
             row["predicted"] = predicted_speedup(row["alpha"], row["gamma"], c, t_rel)
     return rows
+
+
+def _mtp_pairs(smol, tok) -> list[tuple]:
+    """SmolLM2 with its MTP head, drafting over the frequent tokens it was trained on, and over all of them."""
+    import torch
+
+    from labkit.speculative import MTPDrafter, MTPHead
+
+    try:
+        frequent = MTPDrafter.from_file(smol)
+    except FileNotFoundError as exc:
+        print(f"  MTP head skipped: {exc}")
+        return []
+    full_head = MTPHead(smol.config, vocab_ids=torch.arange(smol.config.vocab_size))
+    full_head.load_state_dict({k: v for k, v in frequent.head.state_dict().items() if k != "vocab_ids"}, strict=False)
+    full = MTPDrafter(smol, full_head.to(smol.dtype).eval().requires_grad_(False))
+    k = len(frequent.head.vocab_ids)
+    return [(f"smollm2 + MTP head ({k} frequent tokens)", smol, tok, lambda: frequent, SMOL_PROMPTS, None, frequent.head),
+            (f"smollm2 + MTP head (all {smol.config.vocab_size} tokens)", smol, tok, lambda: full, SMOL_PROMPTS, None,
+             full.head)]
 
 
 def run(quick: bool = False) -> dict:
@@ -57,6 +78,7 @@ def run(quick: bool = False) -> dict:
     try:
         smol, smol_tok = labkit.load("smollm2-135m")
         pairs.append(("smollm2 + prompt lookup", smol, smol_tok, PromptLookup, SMOL_PROMPTS, None, None))
+        pairs += _mtp_pairs(smol, smol_tok)
     except FileNotFoundError as exc:
         print(f"  SmolLM2 skipped: {exc}")
     for label, target, tok, make, prompts, chat, draft_model in pairs:

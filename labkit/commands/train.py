@@ -1,10 +1,12 @@
-"""`labkit train --model shakespeare|shakespeare-draft [--quick]`: train the lab's own models from scratch."""
+"""`labkit train --model shakespeare|shakespeare-draft|smollm2-mtp [--quick]`: train the lab's own models and heads."""
 from __future__ import annotations
 
 
 def add_parser(sub):
-    p = sub.add_parser("train", help="train the lab's Shakespeare target or draft from scratch (writes data/NAME.safetensors)")
-    p.add_argument("--model", required=True, choices=["shakespeare", "shakespeare-draft"], help="which model to train")
+    p = sub.add_parser("train", help="train the lab's Shakespeare target or draft from scratch, or SmolLM2's MTP head "
+                                     "(writes data/NAME.safetensors)")
+    p.add_argument("--model", required=True, choices=["shakespeare", "shakespeare-draft", "smollm2-mtp"],
+                   help="which model to train (smollm2-mtp: a drafting head on frozen SmolLM2, labkit.train.mtp)")
     p.add_argument("--quick", action="store_true", help="a tiny version in about a minute (what the tests train)")
     p.add_argument("--out", metavar="DIR", help="where to write the checkpoint (default data/; --quick defaults to .build/train)")
     p.add_argument("--steps", type=int, help="override the recipe's number of steps")
@@ -27,6 +29,16 @@ def run(args) -> int:
             raise SystemExit(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     out = Path(args.out) if args.out else (paths.ROOT / ".build" / "train" if args.quick else paths.DATA_DIR)
+    if args.model == "smollm2-mtp":
+        from labkit.train.mtp import train_mtp
+
+        out.mkdir(parents=True, exist_ok=True)
+        record = train_mtp(quick=args.quick, out_dir=out)
+        print(f"MTP head: {record['head_params']:,} parameters over {record['vocab']} tokens ({record['vocab_coverage']:.1%} "
+              f"of the backbone's own tokens); {record['prompts']} prompts, {record['conversations_tokens']:,} tokens; "
+              f"final loss {record['losses'][-1]:.3f}; held-out top-1 agreement {record['val_agreement']:.1%}")
+        print(f"wrote {record['path']}")
+        return 0
     record = train_model(args.model, quick=args.quick, out_dir=out, seed=args.seed, distill=args.distill, steps=args.steps)
     name = record["model"]
     print(f"{name}: {record['n_params']:,} parameters, {record['steps']} steps, {record['tokens']:,} tokens "

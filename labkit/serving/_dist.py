@@ -107,7 +107,8 @@ def launch(worker, world: int, args: tuple = (), timeout_s: float = 120.0) -> li
 
 def model_names() -> list[str]:
     """The names `load_named` accepts: the lab's model files in `data/`, and SmolLM2."""
-    return sorted({p.stem for p in paths.DATA_DIR.glob("*.safetensors")} | {SMOLLM2})
+    heads = {p.stem for p in paths.DATA_DIR.glob("*-mtp*.safetensors")}  # drafting heads, not models
+    return sorted({p.stem for p in paths.DATA_DIR.glob("*.safetensors")} - heads | {SMOLLM2})
 
 
 def load_named(name: str, dtype: torch.dtype = torch.float32):

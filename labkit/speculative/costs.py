@@ -23,6 +23,7 @@ import time
 import torch
 
 from labkit.speculative.decode import expected_tokens
+from labkit.speculative.mtp import MTPHead, head_step_s
 from labkit.speculative.verify import accept_sampled
 
 __all__ = ["target_pass_s", "relative_costs", "predicted_speedup", "first_token_counts", "measure_speedups"]
@@ -46,13 +47,15 @@ def target_pass_s(model, k: int, position: int = 64, repeat: int = 5) -> float:
 def relative_costs(target, draft=None, layers: int | None = None, ks=range(2, 10), repeat: int = 5) -> tuple[float, dict]:
     """(c, {k: T(k)/T(1)}): a draft step relative to a target step, and a target pass over k tokens.
 
-    `draft` is a draft model (its one-token step is timed), or `layers` the number of the
+    `draft` is a draft model (its one-token step is timed) or an `MTPHead` (one chained head step), or `layers` the number of the
     target's own layers a layer-skip draft runs (c = layers / n_layers); neither: c = 0
     (n-gram lookup costs next to nothing).
     """
     t1 = target_pass_s(target, 1, repeat=repeat)
     t_rel = {k: target_pass_s(target, k, repeat=repeat) / t1 for k in ks}
-    if draft is not None:
+    if isinstance(draft, MTPHead):  # a head on the target's own hidden states: one chained head step
+        c = head_step_s(target, draft, repeat=repeat) / t1
+    elif draft is not None:
         c = target_pass_s(draft, 1, repeat=repeat) / t1
     elif layers is not None:
         c = layers / target.config.n_layers
