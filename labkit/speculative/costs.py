@@ -51,6 +51,7 @@ def relative_costs(target, draft=None, layers: int | None = None, ks=range(2, 10
     target's own layers a layer-skip draft runs (c = layers / n_layers); neither: c = 0
     (n-gram lookup costs next to nothing).
     """
+    target_pass_s(target, max(ks), repeat=1)  # warm up: a freshly loaded model's first passes run slow
     t1 = target_pass_s(target, 1, repeat=repeat)
     t_rel = {k: target_pass_s(target, k, repeat=repeat) / t1 for k in ks}
     if isinstance(draft, MTPHead):  # a head on the target's own hidden states: one chained head step

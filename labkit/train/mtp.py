@@ -16,6 +16,7 @@ prompts (no "moon", no `total`/`s` code, no lighthouse passage). The head is sav
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -206,5 +207,8 @@ def train_mtp(quick: bool = False, out_dir=None, vocab: int = 4096, progress: bo
                    "val_conversations": len(val)})
     path = Path(out_dir or paths.DATA_DIR) / ("smollm2-mtp-quick.safetensors" if quick else "smollm2-mtp.safetensors")
     save_head(head, path, record={k: v for k, v in record.items() if k != "losses"} | {"final_loss": record["losses"][-1]})
+    full = {"head": path.stem, "backbone": "smollm2-135m (frozen)", "record": record, "torch_version": torch.__version__,
+            "threads": torch.get_num_threads()}
+    path.with_suffix(".json").write_text(json.dumps(full, indent=1) + "\n")  # the record with the loss curve
     record["path"] = str(path)
     return record
