@@ -51,8 +51,9 @@ NAMES = [("add_up", "t", "subtotal"), ("positives", "out", "kept"), ("factorial"
 
 def chat_prompts(passages: list[str], quick: bool = False) -> list[str]:
     """The fixed prompts: every topic in every template, and every passage in every grounded task."""
-    topics, passages = (TOPICS[:4], passages[:2]) if quick else (TOPICS, passages)
-    code = [shape.format(f=f, v=v) for shape in CODE_SHAPES for f, v, _ in (NAMES[:1] if quick else NAMES)]
+    topics, passages = (TOPICS[:2], passages[:1]) if quick else (TOPICS, passages)
+    shapes = CODE_SHAPES[:1] if quick else CODE_SHAPES
+    code = [shape.format(f=f, v=v) for shape in shapes for f, v, _ in (NAMES[:1] if quick else NAMES)]
     tasks = [t.format(c=c, v=v, w=w) for c, (f, v, w) in zip(code, NAMES * len(CODE_SHAPES)) for t in CODE_TASKS]
     return ([t.format(t=topic) for topic in topics for t in TEMPLATES] + [g.format(p=p) for p in passages for g in GROUNDED]
             + tasks)
@@ -188,7 +189,7 @@ def train_mtp(quick: bool = False, out_dir=None, vocab: int = 4096, progress: bo
     passages = [text[i:i + 400].split("\n", 1)[-1].rsplit("\n", 1)[0] for i in range(0, 40_000, 2_500)]
     prompts = chat_prompts(passages, quick)
     t0 = time.perf_counter()
-    convs = generate_conversations(backbone, tok, prompts, max_new_tokens=24 if quick else 96, progress=progress)
+    convs = generate_conversations(backbone, tok, prompts, max_new_tokens=16 if quick else 96, progress=progress)
     gen_s = time.perf_counter() - t0
     feats = features(backbone, convs)
     val, train = feats[::10], [f for i, f in enumerate(feats) if i % 10]  # every tenth conversation held out
