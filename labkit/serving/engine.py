@@ -139,8 +139,9 @@ class Engine:
             step = self.step(now, draining=i == len(pending))
             if step is not None:
                 now = step.end
-                if bar is not None:
-                    bar.update(sum(1 for rid, n in step.rows))
+                if bar is not None:  # tokens generated so far, over the most the trace may generate
+                    bar.n = sum(len(r.output) for r in pending)
+                    bar.refresh()
             elif i < len(pending):
                 now = max(now, pending[i].arrival)  # idle: jump to the next arrival
             elif self.scheduler.has_work:
