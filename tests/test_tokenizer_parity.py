@@ -34,7 +34,11 @@ PIECES = st.sampled_from(
     ["\r\n", "\n\n", "  ", "   ", "\t", "123", "9876543", "😀", "👍🏽", "中文", "日本語", "é", "e\u0301", "'s",
      "'LL", " the", "\u200b", "\xa0", "½", "٣", "<|im_start|>", "\u2028"]
 )
-UNICODE = st.lists(st.one_of(PIECES, st.text(st.characters(exclude_categories=("Cs",)), max_size=6)), max_size=14).map("".join)
+# Unassigned code points (Cn in this Python's Unicode database) are left out: the `regex` module and tiktoken
+# carry newer, different Unicode tables and disagree on whether such a point is a letter (U+18D09 is Cn in
+# Unicode 14, a letter to `regex`), which splits the text differently in the two references themselves.
+UNICODE = st.lists(st.one_of(PIECES, st.text(st.characters(exclude_categories=("Cs", "Cn")), max_size=6)),
+                   max_size=14).map("".join)
 
 
 def _code_samples() -> list[str]:
