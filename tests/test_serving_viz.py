@@ -42,6 +42,7 @@ def test_cost_rows_are_price_over_tokens_per_hour():
         [cost_per_million_tokens(r["tokens_per_s"], 3.0) for r in h100])
     fig = viz.cost_figure(100.0, 0.36, 3.0)
     assert len(fig.data[0].x) == 4 and "cheapest" in fig.layout.title.text
+    assert fig.layout.title.text.count("$") <= 1  # two would make plotly read LaTeX and draw no title
 
 
 def test_batch_and_load_curve_figures():

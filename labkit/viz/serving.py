@@ -90,12 +90,14 @@ def kv_usage_figure(replay, bytes_per_token: float, context: int | None = None) 
 def itl_figure(results: list[dict]) -> go.Figure:
     """The running requests' inter-token gaps around a long prompt's prefill, one trace per policy."""
     fig = go.Figure()
-    for r in results:
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    for r, color in zip(results, colors):
         gaps = sorted(((b, b - a) for req in r["running"] for a, b in zip(req.token_times, req.token_times[1:])))
         fig.add_scatter(x=[round(t, 4) for t, _ in gaps], y=[round(g * 1e3, 2) for _, g in gaps], mode="markers",
+                        marker=dict(color=color),
                         name=f"{r['policy']} (chunk {r['chunk']}): p99 during / median = {r['p99_over_median']:.1f}x")
-        long = r["long"]
-        fig.add_vrect(x0=long.arrival, x1=long.first_token, opacity=0.08, line_width=0, fillcolor="#ff7f0e")
+        long = r["long"]  # each run has its own clock: its window is shaded in its own colour
+        fig.add_vrect(x0=long.arrival, x1=long.first_token, opacity=0.1, line_width=0, fillcolor=color)
     fig.update_layout(title=wrap_title("Inter-token latency of decoding requests while a long prompt is prefilled "
                                        "(shaded: from its arrival to its first token)"), height=420,
                       xaxis=dict(title="time (s)"), yaxis=dict(title="gap between tokens (ms)", type="log"), **_LAYOUT)
@@ -110,8 +112,10 @@ def batch_figure(measured: list[dict], modelled: list[dict], critical: float | N
         go.Scatter(x=[r["batch"] for r in modelled], y=[round(r["tokens_per_s"], 2) for r in modelled],
                    mode="lines+markers", name="cost model", line=dict(color="#1f77b4", dash="dot")),
     ])
-    if critical is not None and critical != float("inf"):
-        fig.add_vline(x=critical, line_dash="dash", annotation_text=f"critical batch {critical:.1f}")
+    if critical is not None and critical != float("inf"):  # a trace, not a shape: shapes on a log axis take log10(x)
+        top = max([r["tokens_per_s"] for r in measured + modelled] + [1.0])
+        fig.add_scatter(x=[critical, critical], y=[0, round(top, 2)], mode="lines", name=f"critical batch {critical:.1f}",
+                        line=dict(color="black", dash="dash", width=1))
     fig.update_layout(title=wrap_title("Decode throughput against batch size: one read of the weights serves the "
                                        "whole batch until compute runs out"), height=400,
                       xaxis=dict(title="batch (requests decoding together)", type="log"),
@@ -140,7 +144,8 @@ def cost_figure(measured_tok_s: float, price_here: float, price_gpu: float, gpu:
     fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[round(r["dollars_per_million"], 5) for r in rows],
                            text=[f"${r['dollars_per_million']:.3g} ({r['tokens_per_s']:,.0f} tok/s)" for r in rows],
                            marker_color=["#d62728"] + ["#1f77b4"] * (len(rows) - 1)))
-    fig.update_layout(title=wrap_title(f"$ per million output tokens = price per hour / (tokens per second x 3600) x 1e6; "
-                                       f"cheapest: {cheapest['label']}"), height=420,
+    # one "$" at most in a title: plotly reads "$...$" as LaTeX and, without MathJax, draws no title at all
+    fig.update_layout(title=wrap_title(f"Dollars per 1M output tokens = price per hour / (tokens/s x 3600) x 1e6; "
+                                       f"cheapest: {cheapest['label']}", width=60), height=440,
                       yaxis=dict(title="$ per 1M tokens", type="log"), **_LAYOUT)
     return fig
