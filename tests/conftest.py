@@ -18,3 +18,14 @@ def python_env() -> dict:
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     return env
+
+
+def assert_checker_separates(name: str, right, wrong, capsys) -> None:
+    """`labkit.exercises.<name>` passes `right` with a [PASS] line and fails `wrong` with a [FAIL] line."""
+    from labkit import exercises
+
+    checker = getattr(exercises, name)
+    assert checker(right)
+    assert "[PASS]" in capsys.readouterr().out
+    assert not checker(wrong)
+    assert "[FAIL]" in capsys.readouterr().out

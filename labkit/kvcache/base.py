@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -166,6 +167,24 @@ class KVCache(ABC):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(seq_len={self.seq_len}, max_len={self.max_len}, batch_size={self.batch_size}, "
                 f"dtype={self.dtype}, allocated={self.bytes_allocated() / 2**20:.1f} MiB)")
+
+
+@contextmanager
+def forward_pass(cache, n_new: int, device=None):
+    """One forward pass's talk with `cache` (the protocol above): yields the RoPE positions of the n_new
+    tokens (`cache.begin`), commits them when the block ends (`cache.end`), drops the pass if it raises
+    (`cache.abort`). With no cache: positions 0 .. n_new-1 and nothing to commit.
+    """
+    if cache is None:
+        yield torch.arange(n_new, device=device)
+        return
+    positions = cache.begin(n_new)
+    try:
+        yield positions
+    except BaseException:
+        cache.abort()
+        raise
+    cache.end()
 
 
 def causal_mask(n_new: int, n_keys: int, device=None) -> torch.Tensor | None:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.kvcache.base import new_cache as _new_cache
+from labkit.kvcache.base import forward_pass, new_cache as _new_cache
 from labkit.model.config import ModelConfig
 from labkit.model.rope import Rotary
 
@@ -256,16 +256,12 @@ class Transformer(nn.Module):
         if not isinstance(depth, int) or not 1 <= depth <= len(self.layers):
             raise ValueError(f"n_layers must be an integer in [1, {len(self.layers)}], got {n_layers!r}")
         B, T = ids.shape
-        if cache is None:
-            if T > self.config.max_seq_len:
-                raise ValueError(f"sequence of {T} tokens is longer than the context window of "
-                                 f"{self.config.max_seq_len} tokens")
-            positions = torch.arange(T, device=ids.device)
-        else:
-            if B != cache.batch_size:
-                raise ValueError(f"ids have batch size {B} but the cache was made for batch_size={cache.batch_size}")
-            positions = cache.begin(T)
-        try:
+        if cache is None and T > self.config.max_seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than the context window of "
+                             f"{self.config.max_seq_len} tokens")
+        if cache is not None and B != cache.batch_size:
+            raise ValueError(f"ids have batch size {B} but the cache was made for batch_size={cache.batch_size}")
+        with forward_pass(cache, T, ids.device) as positions:
             if cache is not None and int(positions[-1]) >= self.config.max_seq_len:
                 raise ValueError(f"sequence of {int(positions[-1]) + 1} tokens is longer than the context window "
                                  f"of {self.config.max_seq_len} tokens")
@@ -276,14 +272,7 @@ class Transformer(nn.Module):
             if last_only:  # a packed batch keeps each of its rows' last token
                 x = x[:, cache.last_index] if hasattr(cache, "last_index") else x[:, -1:]
             h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
-            logits = linear(h, self.tok_embeddings.weight) if self.lm_head is None else self.lm_head(h)  # [B, T, V]
-        except BaseException:
-            if cache is not None:
-                cache.abort()
-            raise
-        if cache is not None:
-            cache.end()
-        return logits
+            return linear(h, self.tok_embeddings.weight) if self.lm_head is None else self.lm_head(h)  # [B, T, V]
 
 
 @torch.inference_mode()

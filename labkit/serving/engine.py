@@ -25,7 +25,7 @@ from labkit.sampling.pipeline import sample_next
 from labkit.serving.request import Request
 from labkit.serving.scheduler import Scheduler
 
-__all__ = ["Engine", "Step", "Replay"]
+__all__ = ["Engine", "Step", "Replay", "run_trace"]
 
 
 @dataclass
@@ -43,6 +43,13 @@ class Step:
     @property
     def n_tokens(self) -> int:
         return sum(n for _, n in self.rows)
+
+    @classmethod
+    def after(cls, index: int, start: float, end: float, rows, scheduler) -> "Step":
+        """The record of a pass that just ran `rows` [(request, n)], with the scheduler's KV bookkeeping after it."""
+        tables = scheduler.blocks
+        return cls(index, start, end, [(req.id, n) for req, n in rows], tables.used_tokens(),
+                   (tables.num_blocks - tables.n_free) * tables.block_size, sum(r.max_len for r in scheduler.running))
 
 
 @dataclass
@@ -105,52 +112,56 @@ class Engine:
         argmax = logits.argmax(-1).tolist()  # greedy rows all at once (lowest id on ties, as sample_next)
         end = now + (time.perf_counter() - t0) if clock is None else clock()
         for (req, n), row_logits, best in zip(rows, logits, argmax):
-            req.n_cached += n
-            req.steps.append((len(self.steps), n))
-            if req.n_uncached:
+            if not req.advance(n, len(self.steps)):
                 continue  # a prompt chunk: no token yet
             plain = req.params.greedy and req.params.repetition_penalty == 1.0 and not (
                 req.params.frequency_penalty or req.params.presence_penalty)
             token = best if plain else sample_next(row_logits.float(), req.tokens, req.params, req.generator)
-            done = req.add_token(token, end)
+            done = self.scheduler.emit(req, token, end)
             if req.id in self.listeners:
                 self.listeners[req.id](req, token)
             if done:
-                req.finish = end
-                self.scheduler.finish(req)
                 self.listeners.pop(req.id, None)
-        tables = self.cache.tables
-        reserved = sum(r.max_len for r in self.scheduler.running)
-        step = Step(len(self.steps), now, end, [(req.id, n) for req, n in rows], tables.used_tokens(),
-                    (tables.num_blocks - tables.n_free) * tables.block_size, reserved)
+        step = Step.after(len(self.steps), now, end, rows, self.scheduler)
         self.steps.append(step)
         return step
 
     def replay(self, requests: list[Request], progress: bool = False, max_steps: int = 100_000) -> Replay:
         """Serve `requests` (with their `arrival` times) to the end on the measured virtual clock."""
-        pending = sorted(requests, key=lambda r: r.arrival)
         first_step = len(self.steps)
-        now, i = (pending[0].arrival if pending else 0.0), 0
-        bar = _bar(progress, sum(r.max_new_tokens for r in pending), self.policy)
-        while i < len(pending) or self.scheduler.has_work:
-            while i < len(pending) and pending[i].arrival <= now:
-                self.add(pending[i])
-                i += 1
-            step = self.step(now, draining=i == len(pending))
-            if step is not None:
-                now = step.end
-                if bar is not None:  # tokens generated so far, over the most the trace may generate
-                    bar.n = sum(len(r.output) for r in pending)
-                    bar.refresh()
-            elif i < len(pending):
-                now = max(now, pending[i].arrival)  # idle: jump to the next arrival
-            elif self.scheduler.has_work:
-                now += self.scheduler.max_wait_s  # static batching waiting for a batch that cannot fill
-            if len(self.steps) - first_step > max_steps:
-                raise RuntimeError(f"replay did not finish within {max_steps} steps")
+        bar = _bar(progress, sum(r.max_new_tokens for r in requests), self.policy)
+
+        def step(now, draining):
+            ran = self.step(now, draining)
+            if ran is not None and bar is not None:  # tokens generated so far, over the most the trace may generate
+                bar.n = sum(len(r.output) for r in requests)
+                bar.refresh()
+            return None if ran is None else ran.end
+
+        run_trace(requests, self.add, step, self.scheduler, max_steps)
         if bar is not None:
             bar.close()
         return Replay(self.policy, list(requests), self.steps[first_step:], self.scheduler.preemptions)
+
+
+def run_trace(requests: list[Request], add, step, scheduler: Scheduler, max_steps: int = 100_000) -> None:
+    """The replay loop: admit what has arrived by `now`, run a pass (`step(now, draining)` -> its end time,
+    or None when nothing could run), and when idle jump to the next arrival instead of waiting for it."""
+    pending = sorted(requests, key=lambda r: r.arrival)
+    now, i, passes = (pending[0].arrival if pending else 0.0), 0, 0
+    while i < len(pending) or scheduler.has_work:
+        while i < len(pending) and pending[i].arrival <= now:
+            add(pending[i])
+            i += 1
+        end = step(now, i == len(pending))
+        if end is not None:
+            now, passes = end, passes + 1
+        elif i < len(pending):
+            now = max(now, pending[i].arrival)  # idle: jump to the next arrival
+        elif scheduler.has_work:
+            now += scheduler.max_wait_s  # static batching waiting for a batch that cannot fill
+        if passes > max_steps:
+            raise RuntimeError(f"replay did not finish within {max_steps} steps")
 
 
 def _bar(progress: bool, total: int, policy: str):

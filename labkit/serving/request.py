@@ -74,6 +74,12 @@ class Request:
     def next_tokens(self, n: int) -> list[int]:
         return self.tokens[self.n_cached:self.n_cached + n]
 
+    def advance(self, n: int, step: int) -> bool:
+        """Pass `step` ran n more of this request's tokens: True when that caught it up (its logits give a token)."""
+        self.n_cached += n
+        self.steps.append((step, n))
+        return self.n_uncached == 0
+
     def add_token(self, token: int, now: float) -> bool:
         """Append a generated token at time `now`; return True when the request is done."""
         self.output.append(token)

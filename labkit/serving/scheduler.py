@@ -81,6 +81,14 @@ class Scheduler:
         self.blocks.free(req.id)
         req.status = Status.FINISHED
 
+    def emit(self, req: Request, token: int, now: float) -> bool:
+        """`req` produced `token` at `now`; a request that is done finishes (its blocks freed). Returns done."""
+        done = req.add_token(token, now)
+        if done:
+            req.finish = now
+            self.finish(req)
+        return done
+
     def preempt(self, req: Request) -> None:
         """Recompute-preemption: free the blocks, back to the front of the queue."""
         self.running.remove(req)

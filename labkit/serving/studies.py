@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from labkit.kvcache.batch import BlockTables
-from labkit.serving.engine import Engine, Replay, Step
+from labkit.serving.engine import Engine, Replay, Step, run_trace
 from labkit.serving.request import Request
 from labkit.serving.scheduler import Scheduler
 
@@ -102,29 +102,21 @@ def simulate(requests: list[Request], step_time, *, policy: str = "continuous", 
     """
     sched = Scheduler(BlockTables(num_blocks, block_size), policy=policy, max_batch=max_batch,
                       token_budget=token_budget, context=context, max_wait_s=max_wait_s)
-    pending = sorted(requests, key=lambda r: r.arrival)
-    steps, now, i = [], (pending[0].arrival if pending else 0.0), 0
-    while i < len(pending) or sched.has_work:
-        while i < len(pending) and pending[i].arrival <= now:
-            sched.add(pending[i])
-            i += 1
-        rows = sched.schedule(now, draining=i == len(pending))
+    steps: list[Step] = []
+
+    def step(now, draining):
+        rows = sched.schedule(now, draining)
         if not rows:
-            now = max(now, pending[i].arrival) if i < len(pending) else now + max_wait_s
-            continue
+            return None
         end = now + float(step_time(rows))
         for req, n in rows:
             sched.blocks.commit(req.id, n)
-            req.n_cached += n
-            req.steps.append((len(steps), n))
-            if req.n_uncached == 0 and req.add_token(0, end):
-                req.finish = end
-                sched.finish(req)
-        tables = sched.blocks
-        steps.append(Step(len(steps), now, end, [(r.id, n) for r, n in rows], tables.used_tokens(),
-                          (tables.num_blocks - tables.n_free) * block_size, sum(r.max_len for r in sched.running)))
-        now = end
+            if req.advance(n, len(steps)):
+                sched.emit(req, 0, end)
+        steps.append(Step.after(len(steps), now, end, rows, sched))
         if on_step is not None:
             on_step(sched)
-    return Replay(policy, list(requests), steps, sched.preemptions)
+        return end
 
+    run_trace(requests, sched.add, step, sched)
+    return Replay(policy, list(requests), steps, sched.preemptions)

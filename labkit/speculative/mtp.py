@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from labkit.kvcache.base import new_cache
+from labkit.kvcache.base import forward_pass, new_cache
 from labkit.model.transformer import Block, RMSNorm, linear
 
 __all__ = ["MTPHead", "MTPDrafter", "save_head", "load_head", "head_step_s"]
@@ -47,16 +47,8 @@ class MTPHead(nn.Module):
         """h' [B, T, d] for backbone hidden states [B, T, d] at positions p.. and the tokens [B, T] that followed them."""
         e = backbone.tok_embeddings(next_ids)
         x = linear(torch.cat([self.h_norm(hidden), self.e_norm(e)], -1), self.fuse.weight)
-        positions = torch.arange(x.shape[1], device=x.device) if cache is None else cache.begin(x.shape[1])
-        try:
-            out = self.block(x, backbone.rope, positions, cache)
-        except BaseException:
-            if cache is not None:
-                cache.abort()
-            raise
-        if cache is not None:
-            cache.end()
-        return out
+        with forward_pass(cache, x.shape[1], x.device) as positions:
+            return self.block(x, backbone.rope, positions, cache)
 
     def logits(self, backbone, h: torch.Tensor) -> torch.Tensor:
         """Logits over `vocab_ids` only, [..., len(vocab_ids)], through the backbone's final norm and LM head rows."""
