@@ -127,6 +127,9 @@ def test_figures_say_what_they_show():
     assert m_ttft[-1]["ttft_s"] > 2 * m_itl[-1]["itl_s"]  # a long prompt costs more than one decode step
     fig = ttft_itl_figure(TTFT, ITL, modelled=(m_ttft, m_itl))
     assert len(fig.data) == 4 and fig.data[2].name == "cost model (roofline)"
+    two = ttft_itl_figure(TTFT, ITL, modelled={"peaks": (m_ttft, m_itl), "calibrated": (m_ttft[:1], m_itl[:1])})
+    assert [t.name for t in two.data[2:]] == ["peaks", "peaks", "calibrated", "calibrated"]
+    assert len(two.data[4].x) == 1 and two.data[2].line.dash != two.data[4].line.dash
     assert "prefill 100% of it" in reply_time_figure(TTFT, ITL, 16, 1).layout.title.text
     with pytest.raises(ValueError, match="window must be larger than sinks"):
         sliding_slots_figure(30, 4, 4)

@@ -17,6 +17,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from labkit.costmodel.dvfs import PowerState, VFTable
 
 __all__ = ["Hardware", "HARDWARE", "hardware", "this_machine", "profile_table", "PRECISIONS", "precision_for"]
@@ -81,6 +83,7 @@ class Hardware:
     dvfs_latency_us: float = 40.0
     graph_load_ms: float = 0.0
     hysteresis_ms: float = 0.0
+    compute_eff_rows: tuple = ()   # ((rows, eff), ...): linear layers' efficiency by tokens per product (measured)
     provenance: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
@@ -112,6 +115,7 @@ class Hardware:
         if list(self.mem_mhz) != sorted(set(self.mem_mhz)):
             raise ValueError(f"{self.key}: mem_mhz must be strictly increasing, got {list(self.mem_mhz)}")
         object.__setattr__(self, "vf", VFTable(self.core_vf))  # validates the table
+        object.__setattr__(self, "compute_eff_rows", _check_eff_rows(self.key, self.compute_eff_rows))
 
     # --- derived quantities -------------------------------------------------------------
     def peak_flops(self, precision: str = "fp16") -> float:
@@ -127,6 +131,17 @@ class Hardware:
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
         return self.e_bit_pj[level] * 1e-12
+
+    def compute_eff_at(self, rows):
+        """The linear layers' compute efficiency for products over `rows` tokens (array allowed).
+
+        Without a measured table this is `compute_eff`. With one (`compute_eff_rows`, from
+        `labkit.benchmarks.calibrate`) it is interpolated in log(rows), and held at the ends.
+        """
+        if not self.compute_eff_rows:
+            return self.compute_eff
+        r, e = np.array(self.compute_eff_rows, dtype=float).T
+        return np.interp(np.log(np.maximum(np.asarray(rows, dtype=float), 1.0)), np.log(r), e)
 
     @property
     def fmax_mem(self) -> float:
@@ -149,6 +164,16 @@ class Hardware:
             value = getattr(self, name, None)
             lines.append(f"  {name:16s} {value!s:40.40s} {conf:10s} {src}")
         return "\n".join(lines)
+
+
+def _check_eff_rows(key: str, table) -> tuple:
+    pairs = tuple(tuple(p) for p in table)
+    ok = all(len(p) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+             and p[0] >= 1 and 0 < p[1] <= 1 for p in pairs)
+    if not ok or [p[0] for p in pairs] != sorted({p[0] for p in pairs}):
+        raise ValueError(f"{key}: compute_eff_rows must be (rows >= 1, efficiency in (0, 1]) pairs with rows "
+                         f"strictly increasing, got {table!r}")
+    return tuple((float(r), float(e)) for r, e in pairs)
 
 
 # --- loading ----------------------------------------------------------------------------

@@ -1,13 +1,17 @@
 """Roofline time of a phase: each part takes max(compute time, memory time), then the parts add up.
 
-    time = max(linear FLOPs / F, weight + activation bytes / BW)
+    time = max(block linear FLOPs / F, block weight + activation bytes / BW)
+         + max(LM head FLOPs / F, LM head bytes / BW)
          + max(attention FLOPs / F, KV bytes / BW)
          + tensor-parallel all-reduces
-with F = peak(precision) * compute_eff * f/fmax (the core clock) and
+with F = peak(precision) * compute_eff * f/fmax (the core clock; for the linear part, a profile with a
+measured `compute_eff_rows` table takes the efficiency at the product's rows, tokens per weight read) and
 BW = DRAM bandwidth * mem_eff * f_mem/fmax_mem (the memory clock): two clock domains, each
 moving only its own roof. Splitting linear from attention keeps the per-operator roofline of
 LLM-Viewer: at a large batch the linear layers turn compute-bound while attention, which
-reads a KV cache per sequence, stays memory-bound.
+reads a KV cache per sequence, stays memory-bound. The LM head is its own part because a prefill
+runs it on the last position only: one row that reads the head's bytes while the blocks' products
+have a row per prompt token.
 
 All-reduce (ring, tp devices): max(2 (tp-1)/tp * bytes / link bandwidth, link latency), twice per
 layer, not overlapped with compute (llm-analysis's rule: its `intra_node_min_message_latency` is a floor
@@ -64,19 +68,24 @@ def phase_time(work, hw, *, weight_bits=16, kv_bits=16, act_bits=16, compute_eff
     ce = hw.compute_eff if compute_eff is None else compute_eff
     me = hw.mem_eff if mem_eff is None else mem_eff
     f_scale, m_scale = clock_scales(hw, core_mhz, mem_mhz)
-    f_lin = hw.peak_flops(precision_for(weight_bits, act_bits)) * ce * f_scale
+    peak_lin = hw.peak_flops(precision_for(weight_bits, act_bits)) * f_scale
+    eff = hw.compute_eff_at if compute_eff is None else (lambda rows: compute_eff)  # a measured table, if any
     f_att = hw.peak_flops(precision_for(kv_bits, act_bits)) * ce * f_scale
     parts = split_bytes(work.weight_bytes, work.act_bytes, work.kv_read_bytes, work.kv_write_bytes,
                         work.kv_resident_bytes, hw.mem_gb * 1e9, sram_kv_bytes)
-    tc_lin, tc_att = work.linear_flops / f_lin, work.attn_flops / f_att
+    tc_body = (work.linear_flops - work.head_flops) / (peak_lin * eff(work.rows))
+    tc_head = work.head_flops / (peak_lin * eff(work.head_rows))
+    tc_lin, tc_att = tc_body + tc_head, work.attn_flops / f_att
     tm_lin = memory_time(parts["linear"], hw, me, m_scale)
+    tm_head = tm_lin * work.head_bytes / (work.weight_bytes + work.act_bytes)  # its share of the linear bytes
     tm_att = memory_time(parts["attention"], hw, me, m_scale)
     if work.n_allreduce:
         ring = 2 * (tp - 1) / tp
         t_comm = work.n_allreduce * np.maximum(ring * work.comm_bytes / (hw.link_bw_gbs * 1e9), hw.link_latency_us * 1e-6)
     else:
         t_comm = 0 * np.asarray(work.comm_bytes, dtype=float)
-    time = np.maximum(tc_lin, tm_lin) + np.maximum(tc_att, tm_att) + t_comm
+    time = (np.maximum(tc_body, tm_lin - tm_head) + np.maximum(tc_head, tm_head)
+            + np.maximum(tc_att, tm_att) + t_comm)
     levels = {k: parts["linear"][k] + parts["attention"][k] for k in ("onchip", "dram", "offload")}
     return PhaseTime(time=time, t_compute=tc_lin + tc_att, t_memory=tm_lin + tm_att, t_comm=t_comm,
                      flops=work.flops, level_bytes=levels, spill=parts["spill"])

@@ -19,7 +19,7 @@ Llama-3-70B in 16-bit on eight H100s, 64 requests of 1024 prompt tokens and 256 
     TP4xDP2  ITL 20.2 ms | TTFT 2.58 s | 3,165 tok/s | 38.6 GB/GPU | all-reduce  1.3 ms/step
     >>> show(compare_plans(LLAMA3_70B, "h100-sxm", [(8, 1), (4, 2)], batch=512, prompt_len=1024, reply_len=256))
     TP8      ITL 35.2 ms | TTFT 23.67 s | 14,533 tok/s | 44.5 GB/GPU | all-reduce  5.2 ms/step
-    TP4xDP2  ITL 32.7 ms | TTFT 20.61 s | 15,641 tok/s | 62.1 GB/GPU | all-reduce  2.2 ms/step
+    TP4xDP2  ITL 32.7 ms | TTFT 20.61 s | 15,636 tok/s | 62.1 GB/GPU | all-reduce  2.2 ms/step
 
 At batch 64 decode is memory-bound: each TP8 GPU reads half the weight bytes per step, so TP8 gives
 the shorter inter-token latency (and, for the same 64 requests, more tokens per second). At batch

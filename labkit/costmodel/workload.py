@@ -166,6 +166,10 @@ class Work:
     kv_resident_bytes: np.ndarray  # KV held in memory after the phase (per device)
     comm_bytes: np.ndarray       # bytes all-reduced per tensor-parallel all-reduce
     n_allreduce: int             # all-reduces in the phase (0 without tensor parallelism)
+    rows: np.ndarray = 1.0       # tokens that share each read of a block weight (the rows of its products)
+    head_flops: np.ndarray = 0.0  # the LM head's part of linear_flops: it runs on head_rows rows only
+    head_bytes: float = 0.0      # the LM head's part of weight_bytes
+    head_rows: float = 1.0       # rows of the LM head's product (prefill: the last position of each sequence)
 
     @property
     def flops(self):
@@ -174,6 +178,10 @@ class Work:
     @property
     def bytes(self):
         return self.weight_bytes + self.act_bytes + self.kv_read_bytes + self.kv_write_bytes
+
+
+def _head_bytes(shape: ModelShape, weight_bits, tp, weight_group) -> float:
+    return shape.vocab_size * shape.d_model * bits_per_element(weight_bits, weight_group, 16, 16) / 8 / tp
 
 
 def _device_parts(shape: ModelShape, weight_bits, kv_bits, act_bits, tp, weight_group, kv_group):
@@ -202,6 +210,10 @@ def prefill_work(config, prompt_len, batch: int = 1, weight_bits=16, kv_bits=16,
         kv_resident_bytes=kv_tok * tokens,
         comm_bytes=tokens * shape.d_model * a_bytes,
         n_allreduce=2 * shape.n_layers if tp > 1 else 0,
+        rows=tokens,
+        head_flops=2.0 * lm_head * batch / tp + 0 * L,
+        head_bytes=_head_bytes(shape, weight_bits, tp, weight_group),
+        head_rows=float(batch),
     )
 
 
@@ -224,6 +236,10 @@ def decode_work(config, context, batch: int = 1, weight_bits=16, kv_bits=16, act
         kv_resident_bytes=kv_tok * (c + 1) * batch,
         comm_bytes=batch * shape.d_model * a_bytes + 0 * c,
         n_allreduce=2 * shape.n_layers if tp > 1 else 0,
+        rows=batch + 0 * c,
+        head_flops=2.0 * shape.vocab_size * shape.d_model * batch / tp + 0 * c,
+        head_bytes=_head_bytes(shape, weight_bits, tp, weight_group),
+        head_rows=float(batch),
     )
 
 

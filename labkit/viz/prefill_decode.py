@@ -20,7 +20,9 @@ def ttft_itl_figure(ttft_rows, itl_rows, modelled=None) -> go.Figure:
     """Left: TTFT (ms) vs prompt length. Right: ITL (ms) vs position in the sequence.
 
     `modelled`: (ttft rows, itl rows) of the same shape from the cost model
-    (`labkit.costmodel.estimator.sweep_estimates`), drawn dotted beside the measurements.
+    (`labkit.costmodel.estimator.sweep_estimates`), or {label: (ttft rows, itl rows)} for up to three
+    models (e.g. the roofline at the machine's peaks and the one calibrated on the model's products),
+    drawn dashed beside the measurements.
     """
     fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT grows with the prompt (prefill)",
                                                         "ITL barely moves with the position (decode)"))
@@ -31,20 +33,21 @@ def ttft_itl_figure(ttft_rows, itl_rows, modelled=None) -> go.Figure:
     fig.add_trace(go.Scatter(x=[r["position"] for r in itl_rows], y=[r["itl_s"] * 1e3 for r in itl_rows],
                              mode="lines+markers", name="measured", line=dict(color="#1f77b4"), showlegend=False,
                              text=[f"{1 / r['itl_s']:.1f} tokens/s" for r in itl_rows]), row=1, col=2)
-    if modelled is not None:
-        m_ttft, m_itl = modelled
+    if modelled is not None and not isinstance(modelled, dict):
+        modelled = {"cost model (roofline)": modelled}
+    styles = [dict(color="#7f7f7f", dash="dot"), dict(color="#2ca02c", dash="dash"), dict(color="#9467bd", dash="dashdot")]
+    for (label, (m_ttft, m_itl)), line in zip((modelled or {}).items(), styles):
         fig.add_trace(go.Scatter(x=[r["prompt_len"] for r in m_ttft], y=[r["ttft_s"] * 1e3 for r in m_ttft],
-                                 mode="lines+markers", name="cost model (roofline)",
-                                 line=dict(color="#7f7f7f", dash="dot")), row=1, col=1)
+                                 mode="lines+markers", name=label, legendgroup=label, line=line), row=1, col=1)
         fig.add_trace(go.Scatter(x=[r["position"] for r in m_itl], y=[r["itl_s"] * 1e3 for r in m_itl],
-                                 mode="lines+markers", name="cost model (roofline)", showlegend=False,
-                                 line=dict(color="#7f7f7f", dash="dot")), row=1, col=2)
-    fig.update_xaxes(title_text="prompt length (tokens)", type="log", row=1, col=1)
-    fig.update_xaxes(title_text="position of the decoded token", type="log", row=1, col=2)
-    fig.update_yaxes(title_text="ms", type="log", row=1, col=1)
+                                 mode="lines+markers", name=label, legendgroup=label, showlegend=False, line=line),
+                      row=1, col=2)
+    fig.update_xaxes(title_text="prompt length (tokens)", type="log", dtick="D2", row=1, col=1)
+    fig.update_xaxes(title_text="position of the decoded token", type="log", dtick="D2", row=1, col=2)
+    fig.update_yaxes(title_text="ms", type="log", dtick="D2", row=1, col=1)
     fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=2)
     fig.update_layout(height=420, margin=dict(t=60, l=60, r=20, b=50), showlegend=modelled is not None,
-                      legend=dict(orientation="h", y=-0.25), title="Measured on this machine")
+                      legend=dict(orientation="h", y=-0.25), title="Measured on this machine" + (", next to the cost model" if modelled else ""))
     return fig
 
 

@@ -55,9 +55,9 @@ def roofline_figure(config, hw, prompt_len: int = 512, context: int | None = Non
     """Attainable FLOP/s vs arithmetic intensity, with the prefill and one decode step placed on it."""
     fig = go.Figure([go.Scatter(mode="lines", name="peak roof", line=dict(color="#999", dash="dash")),
                      go.Scatter(mode="lines", name="achievable roof", line=dict(color="black")),
-                     go.Scatter(mode="markers+text", name="prefill", textposition="top center",
+                     go.Scatter(mode="markers+text", name="prefill", textposition="bottom center",
                                 marker=dict(size=14, color=PREFILL_COLOR)),
-                     go.Scatter(mode="markers+text", name="decode step", textposition="bottom center",
+                     go.Scatter(mode="markers+text", name="decode step", textposition="bottom right",
                                 marker=dict(size=14, color=DECODE_COLOR)),
                      go.Scatter(mode="lines", name="ridge", line=dict(color="#2ca02c", dash="dot"))])
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOP per byte moved)")
@@ -129,8 +129,11 @@ def prefill_share_figure(config, hw, batch: int = 1, **settings) -> go.Figure:
     fig.add_trace(go.Contour(x=replies, y=prompts, z=share * 100, contours=dict(start=40, end=60, size=20, coloring="none"),
                              line=dict(color="black", width=2), showscale=False, name="40-60 %", hoverinfo="skip"))
     names = list(WORKLOADS)
-    fig.add_trace(go.Scatter(x=[WORKLOADS[k][1] for k in names], y=[WORKLOADS[k][0] for k in names], mode="markers+text",
-                             text=names, textposition="top center", marker=dict(color="black", size=9), name="workloads"))
+    fig.add_trace(go.Scatter(x=[WORKLOADS[k][1] for k in names], y=[WORKLOADS[k][0] for k in names], mode="markers",
+                             text=names, marker=dict(color="black", size=9), name="workloads"))
+    for k in names:  # labels on a light box: readable on the dark and the light cells alike (log axes take log10)
+        fig.add_annotation(x=np.log10(WORKLOADS[k][1]), y=np.log10(WORKLOADS[k][0]), text=k, showarrow=False, yshift=14,
+                           bgcolor="rgba(255,255,255,0.85)", font=dict(size=11))
     fig.update_xaxes(type="log", title="reply length (tokens)")
     fig.update_yaxes(type="log", title="prompt length (tokens)")
     fig.update_layout(height=460, margin=dict(t=60, l=60, r=20, b=50), showlegend=False,
