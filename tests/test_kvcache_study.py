@@ -111,8 +111,14 @@ def test_figures_say_what_they_show():
     assert kv_memory_figure(["llama-2-13b"], 4096).data[0].y[0] == pytest.approx(3.3554432)
     rows = [{"new_tokens": n, "speedup": s} for n, s in ((1, 1.0), (10, 3.0), (20, 7.0))]
     assert "crosses 5x at about 15 new tokens" in cache_speedup_figure(rows).layout.title.text
+    short = rows[:2]
+    title = cache_speedup_figure(short, predicted=[(1, 1.0), (10, 3.0), (20, 7.0)]).layout.title.text
+    assert "stays below 5x up to 10 tokens; predicted to cross at about 15" in title
     fig = window_perplexity_figure([{"window": 8, "sinks": 0, "ppl": 90.0}, {"window": 8, "sinks": 4, "ppl": 30.0}], 20.0)
-    assert [t.name for t in fig.data] == ["no sinks (plain window)", "4 sink tokens"]
+    assert [t.name for t in fig.data] == ["no sinks (plain window)", "4 sink tokens", "full cache 20.0"]
+    fig = window_perplexity_figure([{"window": 8, "sinks": 0, "ppl": 90.0}, {"window": 32, "sinks": 0, "ppl": 30.0}], 20.0, 16)
+    assert list(fig.data[1].y) == [20.0, 20.0] and list(fig.data[2].x) == [16, 16] and list(fig.data[2].y) == [20.0, 90.0]
+    assert not fig.layout.shapes   # a shape on the log axes would take log10 coordinates
     assert "15.6% of reserved slots empty" in block_size_figure([27], 32, 64).layout.title.text
     kept = sliding_slots_figure(30, 10, 2).data[0].x
     assert list(kept) == [0, 1] + list(range(22, 30))

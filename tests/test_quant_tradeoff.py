@@ -66,20 +66,24 @@ def test_figures_carry_the_rows():
     w, x = _layer()
     rows = [layer_tradeoff(w, x, 4, 32, m, n_weights=1e8, bandwidth_gb_s=20) for m in ("rtn", "gptq", "awq")]
     fig = qviz.tradeoff_figure(rows)
-    assert list(fig.data[1].x) == ["RTN", "GPTQ", "AWQ"] and "5.00 bits per weight" in fig.layout.title.text
+    assert list(fig.data[1].x) == ["RTN", "GPTQ", "AWQ"] and "5.00 bits per weight" in fig.layout.title.text.replace("<br>", " ")
     with pytest.raises(ValueError, match="one \\(bits, group_size\\)"):
         qviz.tradeoff_figure(rows + [layer_tradeoff(w, x, 3, 32)])
     quality = [{"name": "float32", "vs_float32_bytes": 1.0, "kl": 0.0, "ppl_change": 0.0, "top1": 1.0},
                {"name": "int4 RTN g32", "vs_float32_bytes": 0.16, "kl": 0.05, "ppl_change": 0.04, "top1": 0.9},
-               {"name": "int4 GPTQ g32", "vs_float32_bytes": 0.16, "kl": 0.02, "ppl_change": 0.02, "top1": 0.95}]
+               {"name": "int4 GPTQ g32", "vs_float32_bytes": 0.16, "kl": 0.03, "ppl_change": 0.02, "top1": 0.95}]
     fig = qviz.quality_figure(quality, "t")
-    assert {t.name for t in fig.data} == {"RTN", "GPTQ"} and fig.data[0].x[0] == pytest.approx(5.12)
+    assert [t.name for t in fig.data] == ["RTN", "GPTQ", "groups of 32"] and fig.data[0].x[0] == pytest.approx(5.12)
+    assert fig.data[0].text == ("",) and fig.data[0].hovertext == ("int4 RTN g32",)  # too close to GPTQ's point
+    assert fig.data[0].marker.symbol == ("diamond",)
+    apart = qviz.quality_figure(quality[:2] + [{**quality[2], "kl": 0.0001}], "t")
+    assert apart.data[0].text == ("int4 g32",) and apart.data[1].text == ("int4 g32",)
     with pytest.raises(ValueError, match="metric must be one of"):
         qviz.quality_figure(quality, "t", metric="bleu")
     speed = qviz.speed_figure([{"name": "a", "bytes_per_token": 1, "predicted_tokens_per_s": 100.0, "tokens_per_s": 50.0}], "t")
     assert speed.data[1].text[0] == "50%"
     alpha = qviz.awq_alpha_figure({0.0: 2.0, 0.5: 1.0, 1.0: 3.0})
-    assert alpha.data[1].x[0] == 0.5 and "2.0×" in alpha.layout.title.text
+    assert alpha.data[1].x[0] == 0.5 and "the error is 50% of RTN's" in alpha.layout.title.text.replace("<br>", " ")
 
 
 def test_step_profile_splits_the_step_and_decode_rates_measure_each_model():

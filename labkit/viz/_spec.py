@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["apply", "build", "wrap_title"]
 
-TITLE_WIDTH = 90  # characters per title line before it would run off a notebook-width figure
+TITLE_WIDTH = 78  # characters per title line before it would run off a figure (a widget beside its controls is ~700 px wide)
 
 
 def apply(fig, spec: dict):
@@ -28,7 +28,8 @@ def apply(fig, spec: dict):
 def build(fig, spec: dict, height: int = 420):
     """Finish a skeleton figure: style it and write the spec."""
     lines = wrap_title(spec["title"]).count("<br>") + 1
-    fig.update_layout(height=height, margin=dict(t=40 + 22 * lines, l=60, r=20, b=50), legend=dict(orientation="h", y=-0.2))
+    below = 24 if fig.layout.annotations else 0  # subplot titles sit between the title and the plots
+    fig.update_layout(height=height, margin=dict(t=40 + 22 * lines + below, l=60, r=20, b=50), legend=dict(orientation="h", y=-0.2))
     return apply(fig, spec)
 
 

@@ -43,7 +43,10 @@ def cache_speedup_figure(rows, level: float = 5.0, predicted=None) -> go.Figure:
     fig.add_hline(y=level, line=dict(color="red", dash="dash"), annotation_text=f"{level:g}x")
     cross = crossing(rows, "new_tokens", "speedup", level)
     where = f"crosses {level:g}x at about {cross:.0f} new tokens" if cross else f"stays below {level:g}x up to {n[-1]} tokens"
-    fig.update_layout(title=f"KV cache speed-up over re-running the sequence: {where}",
+    if predicted and not cross:
+        p_cross = crossing([{"n": a, "s": b} for a, b in predicted], "n", "s", level)
+        where += f"; predicted to cross at about {p_cross:.0f}" if p_cross else f"; predicted below it up to {predicted[-1][0]}"
+    fig.update_layout(title=f"KV cache speed-up over re-running the sequence:<br>measured, it {where}",
                       xaxis=dict(title="generated tokens"), yaxis=dict(title="time without cache / time with cache"), **_LAYOUT)
     return fig
 
@@ -55,10 +58,16 @@ def window_perplexity_figure(rows, full_ppl: float | None = None, window: int | 
         pts = sorted((r["window"], r["ppl"]) for r in rows if r["sinks"] == s)
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[round(p[1], 2) for p in pts], mode="lines+markers",
                                  name=f"{s} sink tokens" if s else "no sinks (plain window)"))
+    # drawn as traces, not shapes: a shape on a log axis takes log10 coordinates and stretched the axis to 1e18
+    xs = [r["window"] for r in rows] + ([window] if window is not None else [])
+    lo, hi = min(xs), max(xs)
     if full_ppl is not None:
-        fig.add_hline(y=round(full_ppl, 2), line=dict(color="black", dash="dot"), annotation_text=f"full cache {full_ppl:.1f}")
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[round(full_ppl, 2)] * 2, mode="lines", line=dict(color="black", dash="dot"),
+                                 name=f"full cache {full_ppl:.1f}"))
     if window is not None:
-        fig.add_vline(x=window, line=dict(color="gray"))
+        ys = [r["ppl"] for r in rows] + ([full_ppl] if full_ppl is not None else [])
+        fig.add_trace(go.Scatter(x=[window, window], y=[min(ys), max(ys)], mode="lines", line=dict(color="gray"),
+                                 name=f"window {window}"))
     fig.update_layout(title="Perplexity on long text through a sliding window", xaxis=dict(title="window (tokens)", type="log"),
                       yaxis=dict(title="perplexity (lower is better)", type="log"), **_LAYOUT)
     return fig
@@ -88,9 +97,11 @@ def block_size_figure(lengths, block_size: int, max_len: int) -> go.Figure:
 
 def kv_quant_figure(rows) -> go.Figure:
     """Memory vs logit error of the quantized caches (rows of `labkit.kvcache.evaluate.quantized_error_rows`)."""
-    labels = [f"{r['bits']}-bit" + (" (float)" if r["max_abs_err"] == 0 else "") for r in rows]
+    floor = 1e-7  # a log axis has no 0: an exact cache is drawn at this floor, and its label says so
+    labels = [f"{r['bits']}-bit" + (" (float)" if r["max_abs_err"] == 0 else "")
+              + (f": KL {r['kl']:.0g}, drawn at {floor:g}" if r["kl"] < floor else "") for r in rows]
     fig = go.Figure(go.Scatter(x=[round(r["bytes_used"] / r["float_bytes"], 4) for r in rows],
-                               y=[float(f"{max(r['kl'], 1e-7):.2g}") for r in rows],
+                               y=[float(f"{max(r['kl'], floor):.2g}") for r in rows],
                                mode="markers+text", text=labels, textposition="top center", marker=dict(size=12),
                                name="cache"))
     fig.update_layout(title="Quantized KV cache: memory against the float cache vs error of the next-token distribution",

@@ -131,7 +131,7 @@ def kv_placement_figure(config, hw, kv_sram_mb: float = 8.0, contexts=None, batc
     fig.add_trace(go.Scatter(mode="lines", name="share of the KV on chip", line=dict(color="black", dash="dot")), secondary_y=True)
     fig.update_xaxes(type="log", title="context (tokens in the KV cache)")
     fig.update_yaxes(title="mJ per decode token", secondary_y=False)
-    fig.update_yaxes(title="on-chip share", range=[0, 1.05], secondary_y=True)
+    fig.update_yaxes(title="on-chip share", range=[0, 1.05], dtick=0.25, tickformat=".0%", showgrid=False, secondary_y=True)
     return build(fig, kv_placement_spec(config, hw, kv_sram_mb, contexts, batch, weight_bits, kv_bits, act_bits))
 
 
@@ -178,7 +178,7 @@ def swap_recompute_spec(config, hw, n_max: int = 4096, batch: int = 1, weight_bi
     traces = [dict(x=n, y=r[f"{what}_{unit}"]) for unit in ("s", "j") for what in ("swap", "recompute")]
     winner = "swap" if np.all(r["faster"] == "swap") else "recompute" if np.all(r["faster"] == "recompute") else "it depends on n"
     return {"traces": traces,
-            "title": f"{hw.name}, {hw.offload_name} at {hw.offload_bw_gbs:g} GB/s: the faster way back is {winner}"}
+            "title": f"{hw.name}, {hw.offload_name} at {hw.offload_bw_gbs:.3g} GB/s: the faster way back is {winner}"}
 
 
 def swap_recompute_figure(config, hw, n_max: int = 4096, batch: int = 1, weight_bits=16, kv_bits=16, act_bits=16) -> go.Figure:

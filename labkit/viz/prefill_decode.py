@@ -55,7 +55,7 @@ def reply_time_figure(ttft_rows, itl_rows, prompt_len: int, reply_len: int, meas
     """One reply's time split into prefill and decode, from the measured sweeps; `measured`
     ({ttft_s, decode_s}, e.g. from a live run) is drawn beside the estimate."""
     est = reply_estimate(ttft_rows, itl_rows, prompt_len, reply_len)
-    rows = ["estimate from the sweeps", "measured now"]
+    rows = ["estimate from the sweeps", "measured now" if measured else "measured now (not yet run)"]
     m = measured or {"ttft_s": 0.0, "decode_s": 0.0}
     fig = go.Figure([
         go.Bar(y=rows, x=[est["ttft_s"], m["ttft_s"]], orientation="h", name="prefill (TTFT)", marker=dict(color="#d62728")),

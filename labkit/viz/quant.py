@@ -1,6 +1,8 @@
 """Figures of chapter 06: one layer's error by method, quality against bits, decode speed predicted and measured."""
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 
 from labkit.viz._spec import wrap_title
@@ -44,26 +46,49 @@ def _method(name: str) -> str:
     return "float"
 
 
+_SYMBOLS = {"per-channel": "circle", "groups of 64": "square", "groups of 32": "diamond"}
+
+
+def _symbol(name: str) -> str:
+    return "square" if "g64" in name else "diamond" if "g32" in name else "circle"
+
+
+def _uncrowded(xs, ys, dy: float, dx: float = 0.6) -> list[bool]:
+    """Which points may carry a text label: those with no other point within (dx, dy)."""
+    return [not any(j != i and abs(xs[j] - xs[i]) < dx and abs(ys[j] - ys[i]) < dy for j in range(len(xs)))
+            for i in range(len(xs))]
+
+
 def quality_figure(rows: list[dict], title: str, metric: str = "kl") -> go.Figure:
     """KL to float32 (or "ppl_change", or "top1") against bits per weight, one colour per method.
 
     `rows` are the quality rows of one model (`labkit.quant.sweep.quality_rows`); bits per weight
-    is 32 · (bytes read per token / float32 bytes), so scales and the LM head are counted.
+    is 32 · (bytes read per token / float32 bytes), so scales and the LM head are counted. The marker's
+    shape is the group layout; points too close to another carry no text label (hover names them all).
     """
     labels = {"kl": ("mean KL(float32 ‖ variant), nats", "log"), "ppl_change": ("perplexity change vs float32", "linear"),
               "top1": ("top-1 agreement with float32", "linear")}
     if metric not in labels:
         raise ValueError(f"metric must be one of {sorted(labels)}, got {metric!r}")
     fig = go.Figure()
+    log = metric == "kl"
+    shown = [r for r in rows if not (log and r["name"] == "float32")]
+    xs = [round(32 * r["vs_float32_bytes"], 2) for r in shown]
+    ys = [float(f"{max(r[metric], 1e-6):.4g}") if log else r[metric] for r in shown]
+    keep = _uncrowded(xs, [math.log10(y) for y in ys] if log else ys, 0.3 if log else 0.03 * (max(ys) - min(ys) or 1))
     for method, color in METHOD_COLORS.items():
-        mine = [r for r in rows if _method(r["name"]) == method and (metric != "kl" or r["name"] != "float32")]
+        mine = [i for i, r in enumerate(shown) if _method(r["name"]) == method]
         if not mine:
             continue
-        ys = [max(r[metric], 1e-6) if metric == "kl" else r[metric] for r in mine]
-        fig.add_trace(go.Scatter(x=[round(32 * r["vs_float32_bytes"], 2) for r in mine], y=[float(f"{y:.4g}") for y in ys],
-                                 mode="markers+text", text=[r["name"].replace(f" {method}", "") for r in mine],
-                                 textposition="top center", textfont=dict(size=9), marker=dict(size=10, color=color),
-                                 name=method))
+        fig.add_trace(go.Scatter(x=[xs[i] for i in mine], y=[ys[i] for i in mine], mode="markers+text",
+                                 text=[shown[i]["name"].replace(f" {method}", "") if keep[i] else "" for i in mine],
+                                 hovertext=[shown[i]["name"] for i in mine], hoverinfo="text+y",
+                                 textposition="top center", textfont=dict(size=9), name=method,
+                                 marker=dict(size=10, color=color, symbol=[_symbol(shown[i]["name"]) for i in mine])))
+    for layout, symbol in _SYMBOLS.items():  # a legend for the marker shapes (hover names every point)
+        if any(_symbol(r["name"]) == symbol for r in shown):
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=layout,
+                                     marker=dict(size=10, color="#555", symbol=symbol)))
     fig.update_layout(title=wrap_title(title), xaxis=dict(title="bits per weight read per token (scales and head included)"),
                       yaxis=dict(title=labels[metric][0], type=labels[metric][1],
                                  tickformat=".0%" if metric != "kl" else None), **_LAYOUT)
@@ -96,6 +121,6 @@ def awq_alpha_figure(errors: dict, rtn_label: str = "α = 0 is plain RTN") -> go
                    name=f"chosen α = {best:.2f}"),
     ])
     fig.update_layout(title=wrap_title(f"AWQ: scale input channel j by (mean |x_j|)^α, fold 1/s into the layer before; "
-                                       f"{rtn_label}, the best α cuts the error {errors[0.0] / errors[best]:.1f}×"),
+                                       f"{rtn_label}; at the best α the error is {errors[best] / errors[0.0]:.0%} of RTN's"),
                       xaxis=dict(title="α"), yaxis=dict(title="mean squared output error"), **_LAYOUT)
     return fig

@@ -88,7 +88,7 @@ def vocab_size_figure(sweep, vocab_size: int) -> go.Figure:
     """Compression, tokens per word and training time against vocabulary size; `vocab_size` marked."""
     row = sweep.at(vocab_size)
     x = sweep.vocab_sizes
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("bytes per token (higher = shorter sequences)", "tokens per word", "training time (s)"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("bytes per token<br>(higher: shorter sequences)", "tokens per word<br>(lower: fewer steps)", "training time (s)"))
     series = [sweep.bytes_per_token, sweep.tokens_per_word, sweep.train_seconds]
     keys = ["bytes_per_token", "tokens_per_word", "train_seconds"]
     for col, (y, key) in enumerate(zip(series, keys), start=1):
@@ -97,14 +97,14 @@ def vocab_size_figure(sweep, vocab_size: int) -> go.Figure:
             go.Scatter(x=[vocab_size], y=[row[key]], mode="markers", marker=dict(size=14, color="#c44e52"), showlegend=False),
             row=1, col=col,
         )
-        fig.update_xaxes(title_text="vocabulary size", type="log", row=1, col=col)
+        fig.update_xaxes(title_text="vocabulary size", type="log", dtick="D2", row=1, col=col)
     fig.update_layout(
         title=(
             f"vocab {vocab_size:,}: {row['bytes_per_token']:.2f} bytes/token, {row['tokens_per_word']:.2f} tokens/word, "
             f"trained in {row['train_seconds']:.2f} s on {sweep.train_bytes / 1e6:.1f} MB"
         ),
-        height=360,
-        margin=dict(t=80, l=40, r=20, b=50),
+        height=380,
+        margin=dict(t=100, l=40, r=20, b=50),
     )
     return fig
 

@@ -96,8 +96,10 @@ def attention_heatmap(probs, tokens: list[str], head: int = 0, title: str | None
     labels = [f"{i}:{t}" for i, t in enumerate(tokens)]  # unique labels, even for repeated tokens
     fig = go.Figure(go.Heatmap(z=probs[head].tolist(), x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
                                hovertemplate="query %{y}<br>key %{x}<br>p = %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=title or f"attention of head {head}", height=520, margin=dict(l=120, r=20, t=50, b=120),
-                      yaxis=dict(autorange="reversed"), xaxis=dict(tickangle=-60))
+    fig.update_layout(title=title or f"attention of head {head}: each row (a query) spreads 1 over the keys up to it",
+                      height=540, margin=dict(l=120, r=20, t=50, b=140),
+                      yaxis=dict(autorange="reversed", title="query: the token attending"),
+                      xaxis=dict(tickangle=-60, title="key: the token attended to"))
     return fig
 
 
