@@ -89,6 +89,7 @@ def test_calibrate_turns_times_into_efficiencies():
     assert cal.mem_eff == pytest.approx(0.5)
     assert cal.compute_eff_rows == ((16.0, 0.25), (64.0, 1.0))   # 1.5 of the peak is held at 1
     assert cal.product_times is times and "calibrated" in cal.name
+    assert cal.provenance["compute_eff_rows"][0] == "measured" and hw.provenance["compute_eff_rows"][0] == "assumed"
     with pytest.raises(ValueError, match="one-row"):
         calibrate(TINY, hw, rows=(16,), times={**times, "rows": {16: 1.0}})
 

@@ -39,6 +39,10 @@ def linear_shapes(config) -> list[tuple[int, int]]:
     return [(d, q), (d, kv), (d, kv), (q, d), (d, ff), (d, ff), (ff, d)]
 
 
+def config_name(config) -> str:
+    return config if isinstance(config, str) else getattr(config, "name", "the model")
+
+
 def _check(rows, seconds, megabytes) -> tuple[int, ...]:
     rows = tuple(rows)
     if not rows or any(not (isinstance(r, int) and not isinstance(r, bool) and r >= 1) for r in rows):
@@ -115,7 +119,10 @@ def calibrate(config, hw=None, rows=ROWS, seconds: float = 0.1, megabytes: float
     mem_eff = min(1.0, stream_gb_s / hw.mem_bw_gbs)
     name = (f"{hw.name}, calibrated: products at {stream_gb_s:.1f} GB/s (1 row) and "
             f"{times['flops'][rows[-1]] / times['rows'][rows[-1]] / 1e9:.0f} GFLOP/s ({rows[-1]} rows)")
-    calibrated = hw.replace(compute_eff_rows=effs, mem_eff=mem_eff, name=name)
+    src = f"labkit.benchmarks.calibrate: {config_name(config)}'s products on random weights"
+    provenance = {**hw.provenance, "compute_eff_rows": ("measured", src), "mem_eff": ("measured", src),
+                  "name": ("measured", src)}
+    calibrated = hw.replace(compute_eff_rows=effs, mem_eff=mem_eff, name=name, provenance=provenance)
     object.__setattr__(calibrated, "product_times", times)
     if hasattr(hw, "copy_bw_gbs"):
         object.__setattr__(calibrated, "copy_bw_gbs", hw.copy_bw_gbs)

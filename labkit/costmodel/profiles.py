@@ -190,6 +190,8 @@ def _from_yaml_entry(key: str, entry: dict) -> Hardware:
     values["core_vf"] = tuple(tuple(p) for p in values["core_vf"])
     values["mem_mhz"] = tuple(values["mem_mhz"])
     values["power_states"] = {n: PowerState(name=n, **s) for n, s in (values.get("power_states") or {}).items()}
+    if "compute_eff_rows" not in values:
+        provenance["compute_eff_rows"] = ("assumed", "not measured: compute_eff holds at every product size")
     return Hardware(key=key, provenance=provenance, **values)
 
 
