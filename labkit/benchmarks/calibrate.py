@@ -39,7 +39,7 @@ def linear_shapes(config) -> list[tuple[int, int]]:
     return [(d, q), (d, kv), (d, kv), (q, d), (d, ff), (d, ff), (ff, d)]
 
 
-def config_name(config) -> str:
+def _config_name(config) -> str:
     return config if isinstance(config, str) else getattr(config, "name", "the model")
 
 
@@ -54,7 +54,7 @@ def _check(rows, seconds, megabytes) -> tuple[int, ...]:
     return rows
 
 
-def product_times(config, rows=(1,) + ROWS, seconds: float = 0.1, megabytes: float = 128, linear=None) -> dict:
+def product_times(config, rows=(1,) + ROWS, seconds: float = 0.1, megabytes: float = 128) -> dict:
     """Median seconds of one pass through all of `config`'s block products at each row count.
 
     Enough layers of random float32 weights are allocated to exceed `megabytes` (more than the
@@ -65,10 +65,9 @@ def product_times(config, rows=(1,) + ROWS, seconds: float = 0.1, megabytes: flo
     import torch
 
     from labkit.costmodel.workload import ModelShape
-    from labkit.model.transformer import linear as model_linear
+    from labkit.model.transformer import linear
 
     rows = _check(rows, seconds, megabytes)
-    linear = model_linear if linear is None else linear
     shapes = linear_shapes(config)
     n_layers = ModelShape.of(config).n_layers
     layer_params = sum(i * o for i, o in shapes)
@@ -119,7 +118,7 @@ def calibrate(config, hw=None, rows=ROWS, seconds: float = 0.1, megabytes: float
     mem_eff = min(1.0, stream_gb_s / hw.mem_bw_gbs)
     name = (f"{hw.name}, calibrated: products at {stream_gb_s:.1f} GB/s (1 row) and "
             f"{times['flops'][rows[-1]] / times['rows'][rows[-1]] / 1e9:.0f} GFLOP/s ({rows[-1]} rows)")
-    src = f"labkit.benchmarks.calibrate: {config_name(config)}'s products on random weights"
+    src = f"labkit.benchmarks.calibrate: {_config_name(config)}'s products on random weights"
     provenance = {**hw.provenance, "compute_eff_rows": ("measured", src), "mem_eff": ("measured", src),
                   "name": ("measured", src)}
     calibrated = hw.replace(compute_eff_rows=effs, mem_eff=mem_eff, name=name, provenance=provenance)
@@ -149,14 +148,11 @@ def run(quick: bool = False) -> dict:
         m_ttft, m_itl = sweep_estimates(model.config, hw, lens, positions, bits=32)
         ratios = [r["ttft_s"] / m["ttft_s"] for r, m in zip(ttft, m_ttft)] + [r["itl_s"] / m["itl_s"] for r, m in zip(itl, m_itl)]
         report["modelled"][name] = {"ttft": m_ttft, "itl": m_itl, "ratios": ratios}
-    for i, r in enumerate(ttft):
-        p, c = (report["modelled"][k]["ttft"][i]["ttft_s"] for k in profiles)
-        print(f"  TTFT {r['prompt_len']:4d} tokens: measured {r['ttft_s'] * 1e3:7.1f} ms | peaks {p * 1e3:7.1f} ms "
-              f"({r['ttft_s'] / p:4.2f}x) | calibrated {c * 1e3:7.1f} ms ({r['ttft_s'] / c:4.2f}x)")
-    for i, r in enumerate(itl):
-        p, c = (report["modelled"][k]["itl"][i]["itl_s"] for k in profiles)
-        print(f"  ITL at {r['position']:4d}:       measured {r['itl_s'] * 1e3:7.1f} ms | peaks {p * 1e3:7.1f} ms "
-              f"({r['itl_s'] / p:4.2f}x) | calibrated {c * 1e3:7.1f} ms ({r['itl_s'] / c:4.2f}x)")
+    for kind, key, what, label in (("ttft", "prompt_len", "ttft_s", "TTFT {:4d} tokens:"), ("itl", "position", "itl_s", "ITL at {:4d}:      ")):
+        for i, r in enumerate(report[kind]):
+            p, c = (report["modelled"][k][kind][i][what] for k in profiles)
+            print(f"  {label.format(r[key])} measured {r[what] * 1e3:7.1f} ms | peaks {p * 1e3:7.1f} ms "
+                  f"({r[what] / p:4.2f}x) | calibrated {c * 1e3:7.1f} ms ({r[what] / c:4.2f}x)")
     for name in profiles:
         ratios = report["modelled"][name]["ratios"]
         print(f"  {name}: measured / modelled {min(ratios):.2f} to {max(ratios):.2f}")

@@ -115,9 +115,14 @@ class ModelShape:
         return d * (self.attn_width + 2 * self.kv_width) + self.attn_width * d + 3 * d * self.d_ff
 
     @property
+    def head_params(self) -> int:
+        """The LM head's weights (vocab x d_model), tied to the embedding or not."""
+        return self.vocab_size * self.d_model
+
+    @property
     def matmul_params(self) -> int:
         """Weights multiplied per token: every layer's linears plus the LM head."""
-        return self.n_layers * self.layer_matmul_params + self.vocab_size * self.d_model
+        return self.n_layers * self.layer_matmul_params + self.head_params
 
     @property
     def n_params(self) -> int:
@@ -181,7 +186,7 @@ class Work:
 
 
 def _head_bytes(shape: ModelShape, weight_bits, tp, weight_group) -> float:
-    return shape.vocab_size * shape.d_model * bits_per_element(weight_bits, weight_group, 16, 16) / 8 / tp
+    return shape.head_params * bits_per_element(weight_bits, weight_group, 16, 16) / 8 / tp
 
 
 def _device_parts(shape: ModelShape, weight_bits, kv_bits, act_bits, tp, weight_group, kv_group):
@@ -199,7 +204,7 @@ def prefill_work(config, prompt_len, batch: int = 1, weight_bits=16, kv_bits=16,
     L = np.asarray(prompt_len, dtype=float)
     w_bytes, kv_tok, a_bytes = _device_parts(shape, weight_bits, kv_bits, act_bits, tp, weight_group, kv_group)
     tokens = batch * L
-    lm_head = shape.vocab_size * shape.d_model
+    lm_head = shape.head_params
     return Work(
         linear_flops=2.0 * ((shape.matmul_params - lm_head) * tokens + lm_head * batch) / tp,
         attn_flops=2.0 * shape.n_layers * shape.attn_width / tp * L * (L + 1) * batch,
@@ -237,7 +242,7 @@ def decode_work(config, context, batch: int = 1, weight_bits=16, kv_bits=16, act
         comm_bytes=batch * shape.d_model * a_bytes + 0 * c,
         n_allreduce=2 * shape.n_layers if tp > 1 else 0,
         rows=batch + 0 * c,
-        head_flops=2.0 * shape.vocab_size * shape.d_model * batch / tp + 0 * c,
+        head_flops=2.0 * shape.head_params * batch / tp + 0 * c,
         head_bytes=_head_bytes(shape, weight_bits, tp, weight_group),
         head_rows=float(batch),
     )

@@ -58,7 +58,7 @@ def window_perplexity_figure(rows, full_ppl: float | None = None, window: int | 
         pts = sorted((r["window"], r["ppl"]) for r in rows if r["sinks"] == s)
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[round(p[1], 2) for p in pts], mode="lines+markers",
                                  name=f"{s} sink tokens" if s else "no sinks (plain window)"))
-    # drawn as traces, not shapes: a shape on a log axis takes log10 coordinates and stretched the axis to 1e18
+    # drawn as traces: a line's annotation on a log axis takes log10 coordinates (it stretched the axis to 1e18)
     xs = [r["window"] for r in rows] + ([window] if window is not None else [])
     lo, hi = min(xs), max(xs)
     if full_ppl is not None:

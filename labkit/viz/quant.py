@@ -50,7 +50,7 @@ _SYMBOLS = {"per-channel": "circle", "groups of 64": "square", "groups of 32": "
 
 
 def _symbol(name: str) -> str:
-    return "square" if "g64" in name else "diamond" if "g32" in name else "circle"
+    return _SYMBOLS["groups of 64" if "g64" in name else "groups of 32" if "g32" in name else "per-channel"]
 
 
 def _uncrowded(xs, ys, dy: float, dx: float = 0.6) -> list[bool]:
