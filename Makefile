@@ -11,7 +11,7 @@ export IPYTHONDIR          := $(BUILD)/ipython
 export MPLCONFIGDIR        := $(BUILD)/mpl
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 
-.PHONY: setup lab test test-unit test-notebooks test-browser test-browser-all notebooks student release bench doctor data clean
+.PHONY: setup lab test test-unit test-notebooks test-portable test-browser test-browser-all notebooks student release bench doctor data clean
 
 setup:
 	@bash scripts/setup.sh
@@ -27,6 +27,10 @@ test-unit: setup
 
 test-notebooks: setup
 	$(VENV)/bin/pytest notebooks $(NBVAL_FLAGS) $(PYTEST_ARGS)
+
+# every chapter (or NB=...) under nbval with one thread, then with a busy CPU: outputs must reproduce anywhere
+test-portable: setup
+	bash scripts/test_portable.sh $(NB)
 
 test-browser: setup
 	$(VENV)/bin/pytest tests -m browser $(PYTEST_ARGS)

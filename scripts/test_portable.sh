@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Do the committed chapter outputs reproduce off the machine that executed them? Re-run chapters under
+# nbval in two environments that change the floating-point path:
+#   1. one thread (OMP_NUM_THREADS=1): other reduction splits in the BLAS and in labkit's own products;
+#   2. a busy CPU: a background process keeps one core loaded (started and stopped here, by PID,
+#      bounded in time), as on a laptop with other programs running.
+# Both must pass. Usage: scripts/test_portable.sh [chapter.ipynb ...]   (default: every chapter)
+#                        PORTABLE_ROTATE=1 scripts/test_portable.sh      (one chapter, by commit count)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+chapters=("$@")
+if [ ${#chapters[@]} -eq 0 ]; then
+    chapters=(notebooks/[0-9]*.ipynb)
+    if [ -n "${PORTABLE_ROTATE:-}" ]; then  # one chapter per run, the next one at the next commit
+        n=$(git rev-list --count HEAD 2>/dev/null || date +%j)
+        chapters=("${chapters[$((10#$n % ${#chapters[@]}))]}")
+    fi
+fi
+flags=(--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -p no:cacheprovider -q ${PYTEST_ARGS:-})
+limit=${PORTABLE_BUSY_LIMIT_S:-3600}
+
+echo "portable 1/2: one thread (OMP_NUM_THREADS=1) on ${chapters[*]}"
+OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$VENV/bin/pytest" "${flags[@]}" "${chapters[@]}"
+
+echo "portable 2/2: one core kept busy by a background process (at most ${limit} s) on ${chapters[*]}"
+timeout "$limit" "$VENV/bin/python" -c "while True: pass" &
+busy=$!
+trap 'kill "$busy" 2>/dev/null || true; wait "$busy" 2>/dev/null || true' EXIT
+"$VENV/bin/pytest" "${flags[@]}" "${chapters[@]}"
+echo "portable: the chapters' stored outputs reproduce with one thread and with a busy CPU"
