@@ -104,7 +104,7 @@ def test_real_file_config_and_types():
 def test_loading_with_the_other_rope_layout():
     """Permuting Q/K to the half layout keeps the model; not permuting (the classic bug) breaks it."""
     model, tok = smollm2()
-    x = torch.tensor([tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))])
+    x = torch.tensor([tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}])])
     with torch.inference_mode():
         good = model(x)
         half = load_gguf(paths.smollm2_gguf_path(), rope_layout="half")

@@ -11,7 +11,7 @@ QUESTION = "Explain in two sentences why the sky is blue, and mention Rayleigh s
 @pytest.fixture(scope="module")
 def model_and_prompt():
     model, tok = smollm2()
-    return model, tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTION}]))
+    return model, tok.encode_chat([{"role": "user", "content": QUESTION}])
 
 
 @torch.inference_mode()

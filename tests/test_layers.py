@@ -189,7 +189,8 @@ def test_files_stay_small():
 
 def test_top_level_keeps_only_the_face():
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "_collect.py", "cli.py", "doctor.py", "nbtools.py", "registry.py"]
+    assert top == ["__init__.py", "__main__.py", "_collect.py", "cli.py", "doctor.py", "nbcompare.py", "nbtools.py",
+                   "registry.py"]
 
 
 @pytest.mark.parametrize("init", sorted(PKG.glob("*/__init__.py")), ids=lambda p: p.parent.name)

@@ -47,9 +47,7 @@ def hf_model():
 
 
 def _ids(tok, kind, text):
-    if kind == "chat":
-        text = tok.apply_chat_template([{"role": "user", "content": text}])
-    return torch.tensor([tok.encode(text)])
+    return torch.tensor([tok.encode_chat([{"role": "user", "content": text}]) if kind == "chat" else tok.encode(text)])
 
 
 @pytest.mark.parametrize("kind, text", PROMPTS)

@@ -16,7 +16,7 @@ def run(quick: bool = False) -> dict:
     if skipped:
         return skipped
     print(f"  torch threads: {torch.get_num_threads()}, SmolLM2-135M float32")
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
+    ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
 
     n, repeat = (48, 1) if quick else (128, 3)
     rows = latency.speedup_run(model, ids, n, repeat=repeat)

@@ -103,7 +103,7 @@ def run(quick: bool = False) -> dict:
     except FileNotFoundError as exc:
         print(f"  skipped: {exc}")
         return {"skipped": str(exc)}
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
+    ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
     n, rounds = (16, 3) if quick else (48, 7)
     roof = []
     steps = _interleaved(contenders, lambda e, warm: e[0](e[2], ids, 4 if warm else n), rounds,

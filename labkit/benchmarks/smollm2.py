@@ -185,7 +185,7 @@ def run(quick: bool = False) -> dict:
               "both implementations suffer alike, but absolute figures are low and noisy; with cores busy, "
               "torch.set_num_threads(1) decodes faster than two threads")
     model, tok = labkit.load("smollm2-135m")
-    prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
+    prompt_ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
     reference = load_transformers(torch.float32)
     if reference is None:
         print("  transformers (+ accelerate) is not installed: measuring labkit only")

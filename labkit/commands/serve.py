@@ -1,19 +1,42 @@
-"""`labkit serve --model NAME`: an OpenAI-style chat-completions endpoint on 127.0.0.1 (Ctrl-C stops it)."""
+"""`labkit serve --model NAME`: an OpenAI-compatible API (chat and completions) on 127.0.0.1 (Ctrl-C stops it)."""
 from __future__ import annotations
 
 import threading
 
 
+def _kv_memory(text: str):
+    """'256MiB', '1GB', '268435456' (bytes) or '0.1' (a fraction of free memory)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text  # a size with a unit: Server checks it
+    return value if 0 < value < 1 else int(value)
+
+
 def add_parser(sub):
+    from labkit.serving.server import DEFAULT_KV_MEMORY
+
     p = sub.add_parser("serve", help="serve a model over HTTP on 127.0.0.1 (OpenAI chat-completions format)")
     p.add_argument("--model", default="smollm2-135m", help="a name from labkit.available_models() (default: %(default)s)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and cache dtype")
-    p.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1 (0: any free port; default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; others need "
+                   "--allow-remote)")
+    p.add_argument("--allow-remote", action="store_true", help="allow a --host other than 127.0.0.1 (prints a warning)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; default: %(default)s)")
     p.add_argument("--policy", default="chunked", choices=["static", "continuous", "chunked"], help="batching policy")
     p.add_argument("--max-batch", type=int, default=8, help="most requests decoding together (default: %(default)s)")
     p.add_argument("--token-budget", type=int, default=64, help="most tokens per forward pass (default: %(default)s)")
     p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default: %(default)s)")
-    p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks in the pool (default: max-batch full contexts)")
+    p.add_argument("--kv-memory", type=_kv_memory, default=DEFAULT_KV_MEMORY,
+                   help="memory for the KV pool: bytes, '512MiB', or a fraction of free memory like 0.1 "
+                        "(default: %(default)s)")
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks in the pool (overrides --kv-memory)")
+    p.add_argument("--max-waiting", type=int, default=64, help="requests queued before new ones get 429 "
+                   "(default: %(default)s)")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds a request may take before it is "
+                   "ended (default: %(default)s)")
+    p.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask for "
+                   "(default: %(default)s)")
     return p
 
 
@@ -22,10 +45,13 @@ def run(args, ready=None) -> int:
     from labkit.serving.server import Server
 
     model, tok = labkit.load(args.model, dtype=args.dtype)
-    server = Server(model, tok, args.model, port=args.port, policy=args.policy, max_batch=args.max_batch,
+    server = Server(model, tok, args.model, host=args.host, port=args.port, allow_remote=args.allow_remote,
+                    kv_memory=args.kv_memory, max_waiting=args.max_waiting, request_timeout=args.request_timeout,
+                    max_tokens_limit=args.max_tokens_limit, policy=args.policy, max_batch=args.max_batch,
                     token_budget=args.token_budget, block_size=args.block_size, num_blocks=args.kv_blocks)
     url = server.start()
-    print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests) at {url}", flush=True)
+    print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
+          f"{server.kv_tokens} tokens) at {url}", flush=True)
     print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
           f"-d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'", flush=True)
     stop = ready if ready is not None else threading.Event()

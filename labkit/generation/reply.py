@@ -53,7 +53,15 @@ class GenerationOutput:
 
 def encode_prompt(tok, prompt, chat: bool | None = None) -> list[int]:
     """The ids of a prompt: a str (in the chat template when the tokenizer has one and `chat` is not
-    False), chat messages, or token ids used as they are."""
+    False), chat messages, or token ids used as they are.
+
+    Chat messages go through `tok.encode_chat`, so special-token text that a user typed stays
+    text and cannot close their turn; a str outside the template is encoded with `tok.encode`.
+
+        >>> encode_prompt(smol, [{"role": "user", "content": "Hi"}]) == smol.encode(smol.apply_chat_template(
+        ...     [{"role": "user", "content": "Hi"}]))                                      # doctest: +SKIP
+        True
+    """
     if isinstance(prompt, torch.Tensor):
         prompt = prompt.reshape(-1).tolist()
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
@@ -61,14 +69,12 @@ def encode_prompt(tok, prompt, chat: bool | None = None) -> list[int]:
             raise ValueError("chat=True needs a str or chat messages; token ids go to the model as they are")
         return list(prompt)  # token ids: no chat template
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
-        text = tok.apply_chat_template(list(prompt))
-    elif isinstance(prompt, str):
+        return tok.encode_chat(list(prompt))
+    if isinstance(prompt, str):
         use_chat = getattr(tok, "chat_template", None) is not None if chat is None else chat
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if use_chat else prompt
-    else:
-        raise TypeError(f"prompt must be a str, a list of chat messages ({{'role': ..., 'content': ...}}) or a "
-                        f"non-empty list of token ids, got {type(prompt).__name__} {str(prompt)[:60]}")
-    return tok.encode(text)
+        return tok.encode_chat([{"role": "user", "content": prompt}]) if use_chat else tok.encode(prompt)
+    raise TypeError(f"prompt must be a str, a list of chat messages ({{'role': ..., 'content': ...}}) or a "
+                    f"non-empty list of token ids, got {type(prompt).__name__} {str(prompt)[:60]}")
 
 
 @torch.inference_mode()

@@ -25,7 +25,22 @@ from labkit.sampling.pipeline import sample_next
 from labkit.serving.request import Request
 from labkit.serving.scheduler import Scheduler
 
-__all__ = ["Engine", "Step", "Replay", "run_trace"]
+__all__ = ["Engine", "Step", "Replay", "run_trace", "PassFailed"]
+
+
+class PassFailed(RuntimeError):
+    """A forward pass raised: `requests` are the ones it was running, `__cause__` is the error."""
+
+    def __init__(self, requests: list, error: BaseException):
+        super().__init__(f"a forward pass over {len(requests)} request(s) failed: {type(error).__name__}: {error}")
+        self.requests = requests
+
+
+def _logprobs(row_logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-probability under the model, and the k most likely tokens with theirs."""
+    lp = torch.log_softmax(row_logits.float(), dim=-1)
+    top = torch.topk(lp, k) if k else None
+    return float(lp[token]), ([] if top is None else list(zip(top.indices.tolist(), top.values.tolist())))
 
 
 @dataclass
@@ -90,6 +105,7 @@ class Engine:
         return self.scheduler.policy
 
     def add(self, req: Request, listener=None) -> None:
+        """Queue `req`; `listener(req, token)` hears each token, then `listener(req, None)` when it ends."""
         self.scheduler.add(req)
         if listener is not None:
             self.listeners[req.id] = listener
@@ -99,32 +115,58 @@ class Engine:
         """Run one pass at time `now`; return it (None when nothing could run).
 
         Token times are `now` + the pass's wall time, or `clock()` after the pass when given.
+        If the pass itself fails, `PassFailed` names its requests (the caller decides their fate);
+        a request whose own sampling fails (bad parameters for these logits) ends alone, with
+        finish_reason "error", and the pass goes on for the others.
         """
         rows = self.scheduler.schedule(now, draining)
         if not rows:
             return None
         t0 = time.perf_counter()
-        ids = [t for req, n in rows for t in req.next_tokens(n)]
-        self.cache.plan([(req.id, n) for req, n in rows])
-        logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache, last_only=True)[0]
-        if torch.isnan(logits).any():
-            raise ValueError("the model produced NaN logits; refusing to sample")
+        try:
+            ids = [t for req, n in rows for t in req.next_tokens(n)]
+            self.cache.plan([(req.id, n) for req, n in rows])
+            logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache, last_only=True)[0]
+            if torch.isnan(logits).any():
+                raise ValueError("the model produced NaN logits; refusing to sample")
+        except Exception as exc:
+            raise PassFailed([req for req, _ in rows], exc) from exc
         argmax = logits.argmax(-1).tolist()  # greedy rows all at once (lowest id on ties, as sample_next)
         end = now + (time.perf_counter() - t0) if clock is None else clock()
         for (req, n), row_logits, best in zip(rows, logits, argmax):
             if not req.advance(n, len(self.steps)):
                 continue  # a prompt chunk: no token yet
-            plain = req.params.greedy and req.params.repetition_penalty == 1.0 and not (
-                req.params.frequency_penalty or req.params.presence_penalty)
-            token = best if plain else sample_next(row_logits.float(), req.tokens, req.params, req.generator)
+            try:
+                token = self._choose(req, row_logits, best)
+            except (ValueError, RuntimeError) as exc:  # this request's parameters: it fails alone
+                self.abort(req, "error", f"sampling failed: {exc}", end)
+                continue
+            if req.logprobs is not None:
+                req.token_logprobs.append(_logprobs(row_logits, token, req.logprobs))
             done = self.scheduler.emit(req, token, end)
-            if req.id in self.listeners:
-                self.listeners[req.id](req, token)
-            if done:
-                self.listeners.pop(req.id, None)
+            listener = self.listeners.get(req.id)
+            if listener is not None:
+                listener(req, token)
+                if done:
+                    self.listeners.pop(req.id)(req, None)
         step = Step.after(len(self.steps), now, end, rows, self.scheduler)
         self.steps.append(step)
         return step
+
+    @staticmethod
+    def _choose(req: Request, row_logits: torch.Tensor, best: int) -> int:
+        p = req.params
+        if p.greedy and p.repetition_penalty == 1.0 and not (p.frequency_penalty or p.presence_penalty):
+            return best
+        return sample_next(row_logits.float(), req.penalty_history, p, req.generator)
+
+    def abort(self, req: Request, reason: str = "abort", message: str | None = None, now: float | None = None) -> bool:
+        """End `req` now (a client that left, a deadline, a failure): its blocks are freed, its listener told."""
+        found = self.scheduler.abort(req, reason, message, now)
+        listener = self.listeners.pop(req.id, None)
+        if listener is not None:
+            listener(req, None)
+        return found
 
     def replay(self, requests: list[Request], progress: bool = False, max_steps: int = 100_000) -> Replay:
         """Serve `requests` (with their `arrival` times) to the end on the measured virtual clock."""

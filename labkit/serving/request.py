@@ -45,6 +45,10 @@ class Request:
     finish_reason: str | None = None
     preemptions: int = 0
     steps: list[tuple[int, int]] = field(default_factory=list)  # (engine step, tokens run) for a Gantt chart
+    penalize_prompt: bool = True   # penalties count prompt + output (labkit.generate's rule); False: output only (OpenAI's)
+    logprobs: int | None = None    # None: none; k >= 0: each token's log-probability and the k most likely
+    token_logprobs: list = field(default_factory=list)  # (logprob, [(token, logprob)] top k) per generated token
+    error: str | None = None       # why the engine failed this request (finish_reason "error")
 
     def __post_init__(self):
         if not isinstance(self.prompt, list) or not self.prompt or not all(isinstance(t, int) for t in self.prompt):
@@ -91,6 +95,16 @@ class Request:
         elif len(self.output) >= self.max_new_tokens:
             self.finish_reason = "length"
         return self.finish_reason is not None
+
+    def fail(self, reason: str, message: str | None = None, now: float | None = None) -> None:
+        """End the request early: finish_reason `reason` ("abort", "timeout", "error"), with `message` if it failed."""
+        self.status, self.finish_reason, self.error = Status.FINISHED, reason, message
+        self.finish = now if now is not None else self.finish
+
+    @property
+    def penalty_history(self) -> list[int]:
+        """The tokens the frequency, presence and repetition penalties count."""
+        return self.tokens if self.penalize_prompt else self.output
 
     # ---- what the trace reports ---------------------------------------------------------
 

@@ -89,6 +89,19 @@ class Scheduler:
             self.finish(req)
         return done
 
+    def abort(self, req: Request, reason: str = "abort", message: str | None = None, now: float | None = None) -> bool:
+        """Take `req` out wherever it is (waiting or running), free its blocks; False if it was not here."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            return False
+        if req.id in self.blocks.tables:
+            self.blocks.free(req.id)
+        req.fail(reason, message, now)
+        return True
+
     def preempt(self, req: Request) -> None:
         """Recompute-preemption: free the blocks, back to the front of the queue."""
         self.running.remove(req)

@@ -1,119 +1,164 @@
-"""An OpenAI-style chat-completions endpoint on 127.0.0.1, driven by the serving engine.
+"""`labkit serve`: the serving engine behind an OpenAI-compatible HTTP API on 127.0.0.1.
 
     server = Server(model, tok, "smollm2-135m", policy="chunked")   # port=0: a free port
     url = server.start()                                            # http://127.0.0.1:PORT
-    # curl $url/v1/chat/completions -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}]}'
+    # any OpenAI client: OpenAI(base_url=url + "/v1", api_key="none").chat.completions.create(...)
     server.stop()
 
-Routes: `POST /v1/chat/completions` (with `"stream": true`, server-sent events: one
-`data: {chunk}` per token and `data: [DONE]`), `GET /v1/models`, `GET /health`. Errors are
-JSON, `{"error": {"message", "type", "param", "code"}}`, with 400 for a malformed body or
-bad parameter, 404 for an unknown model or path.
+The stack is the one this field's servers use: a FastAPI app (`labkit.serving.app`) on
+uvicorn, here in a background thread so a notebook can start and stop it; the engine runs
+in a thread of its own (`labkit.serving.runtime.EngineThread`) and is the only code that
+touches the model. It binds 127.0.0.1; another host needs `allow_remote=True` and warns.
 
-Built on the standard library (`http.server.ThreadingHTTPServer`, one thread per
-connection) rather than an ASGI stack: it adds no dependency, starts in milliseconds
-inside a notebook, and the part that matters here, batching, is the engine's. One engine
-thread owns the model and the cache; handler threads only queue requests and read the
-tokens back, so nothing else touches the model concurrently. It binds 127.0.0.1 only.
+The KV pool is sized by memory, not by the model's whole context times the batch:
+`kv_memory` is bytes (`"256MiB"`, an int) or a fraction of the memory free now (`0.1`); the
+startup line says how many tokens it holds. Requests are bounded too: `max_tokens` at most
+`max_tokens_limit`, a deadline of `request_timeout` seconds, `max_waiting` requests queued
+before new ones get 429 with Retry-After.
 """
 from __future__ import annotations
 
 import itertools
-import queue
+import re
+import socket
 import threading
 import time
-from http.server import ThreadingHTTPServer
+import warnings
 
-from labkit.generation.reply import encode_prompt
-from labkit.serving._http import ApiError, ChatHandler, parse_chat_request
+import torch
+
+from labkit.kvcache.memory import kv_bytes_per_token
 from labkit.serving.engine import Engine
+from labkit.serving.metrics import ServerMetrics
+from labkit.serving.openai_api import ApiError, Job
 from labkit.serving.request import Request
+from labkit.serving.runtime import EngineThread
 
-__all__ = ["Server", "EngineThread", "ApiError", "parse_chat_request"]
+__all__ = ["Server", "EngineThread", "ApiError", "kv_pool_blocks", "DEFAULT_KV_MEMORY"]
+
+DEFAULT_KV_MEMORY = "256MiB"  # SmolLM2 in float32: about 5,800 tokens of KV, and `labkit serve` under ~1.5 GB RSS
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
-class EngineThread:
-    """The engine in a background thread, on the real clock: `submit(request)` returns a token queue."""
+def _available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo: give kv_memory in bytes")
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.inbox: queue.Queue = queue.Queue()
-        self.wake = threading.Event()
-        self.stopping = threading.Event()
-        self.t0 = time.perf_counter()
-        self.thread = threading.Thread(target=self._loop, name="labkit-engine", daemon=True)
-        self.error: BaseException | None = None
 
-    def clock(self) -> float:
-        return time.perf_counter() - self.t0
+def kv_pool_blocks(model, kv_memory, block_size: int) -> int:
+    """Blocks of `block_size` tokens that fit in `kv_memory` (bytes, '512MiB', or a fraction of free memory).
 
-    def submit(self, req: Request) -> queue.Queue:
-        """Queue `req` (arrival = now); its tokens, then None when it ends, come out of the returned queue."""
-        out: queue.Queue = queue.Queue()
-        req.arrival = self.clock()
-        self.engine.scheduler.check(req)  # in the caller's thread: a ValueError becomes the caller's 400
-        self.inbox.put((req, out))
-        self.wake.set()
-        return out
+    >>> from labkit.model.config import ModelConfig
+    >>> kv_pool_blocks(ModelConfig.from_name("smollm2-135m"), "256MiB", 16)   # float32 cache
+    364
+    """
+    if isinstance(kv_memory, float) and not isinstance(kv_memory, bool) and 0 < kv_memory < 1:
+        nbytes = kv_memory * _available_bytes()
+    elif isinstance(kv_memory, int) and not isinstance(kv_memory, bool) and kv_memory > 0:
+        nbytes = kv_memory
+    elif isinstance(kv_memory, str) and (m := re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", kv_memory)) \
+            and m.group(2).lower() in _UNITS:
+        nbytes = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    else:
+        raise ValueError(f"kv_memory must be bytes (an int or e.g. '512MiB') or a fraction of free memory in (0, 1), "
+                         f"got {kv_memory!r}")
+    dtype = getattr(model, "dtype", torch.float32)
+    per_block = kv_bytes_per_token(model, bits=torch.finfo(dtype).bits) * block_size
+    blocks = int(nbytes // per_block)
+    if blocks < 1:
+        raise ValueError(f"kv_memory={kv_memory!r} holds no block of {block_size} tokens ({per_block:.0f} bytes each)")
+    return blocks
 
-    def _loop(self) -> None:
-        def listener(q):
-            return lambda req, token: q.put(token)
-        queues: dict = {}
-        try:
-            while not self.stopping.is_set():
-                while not self.inbox.empty():
-                    req, out = self.inbox.get()
-                    queues[req.id] = out
-                    self.engine.add(req, listener(out))
-                step = self.engine.step(self.clock(), draining=self.inbox.empty(), clock=self.clock)
-                for rid in [rid for rid, q in queues.items() if rid not in self.engine.listeners]:
-                    queues.pop(rid).put(None)  # finished: close its stream
-                if step is None:
-                    self.wake.wait(0.02)
-                    self.wake.clear()
-        except BaseException as exc:  # surface in every open stream instead of hanging them
-            self.error = exc
-            for q in queues.values():
-                q.put(None)
 
-    def start(self) -> None:
-        self.thread.start()
+def _http_protocol():
+    """uvicorn's h11 protocol, with its keep-alive timeout armed from the first moment of a connection.
 
-    def stop(self, timeout: float = 10.0) -> None:
-        self.stopping.set()
-        self.wake.set()
-        self.thread.join(timeout)
+    uvicorn starts that timer only after a response, so a client that connects and never
+    sends a request would hold its connection (and a slot) forever; here it is closed after
+    `timeout_keep_alive` seconds of silence, like an idle keep-alive connection.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class IdleClosingH11(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    return IdleClosingH11
 
 
 class Server:
-    """`labkit serve`: the engine behind an HTTP server on 127.0.0.1 (see the module docstring)."""
+    """`labkit serve`: the engine behind the HTTP API (see the module docstring)."""
 
-    def __init__(self, model, tok, model_name: str, *, host: str = "127.0.0.1", port: int = 0, **engine_opts):
+    def __init__(self, model, tok, model_name: str, *, host: str = "127.0.0.1", port: int = 0,
+                 allow_remote: bool = False, kv_memory=DEFAULT_KV_MEMORY, max_waiting: int = 64,
+                 request_timeout: float | None = 600.0, max_tokens_limit: int = 1024, max_body: int = 1 << 20,
+                 body_timeout_s: float = 10.0, **engine_opts):
+        if host not in ("127.0.0.1", "localhost") and not allow_remote:
+            raise ValueError(f"host must be 127.0.0.1 (this server is for this machine only), got {host!r}; "
+                             "pass allow_remote=True (labkit serve --allow-remote) to serve other machines")
         if host not in ("127.0.0.1", "localhost"):
-            raise ValueError(f"host must be 127.0.0.1 (this server is for this machine only), got {host!r}")
-        self.tok, self.model_name = tok, model_name
-        self.engine = EngineThread(Engine(model, **engine_opts))
+            warnings.warn(f"labkit serve listens on {host}: anyone who can reach this machine can use the model",
+                          stacklevel=2)
+        for name, value in (("max_tokens_limit", max_tokens_limit), ("max_body", max_body)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        engine_opts.setdefault("policy", "chunked")  # as `labkit serve`: a long prompt never stalls the others
+        if engine_opts.get("num_blocks") is None:
+            engine_opts["num_blocks"] = kv_pool_blocks(model, kv_memory, engine_opts.get("block_size", 16))
+        self.tok, self.model_name, self.created = tok, model_name, int(time.time())
+        self.max_tokens_limit, self.max_body, self.body_timeout_s = max_tokens_limit, max_body, body_timeout_s
+        self.context = model.config.max_seq_len
+        self.metrics = ServerMetrics(model_name)
+        self.engine = EngineThread(Engine(model, **engine_opts), max_waiting=max_waiting,
+                                   request_timeout=request_timeout, on_finish=self.metrics.finished)
         self.ids = itertools.count()
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="labkit-http", daemon=True)
+        self.host, self.port = host, port
+        self._sock: socket.socket | None = None
+        self._uvicorn = None
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
+        host, port = self._sock.getsockname()[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> str:
+    @property
+    def kv_tokens(self) -> int:
+        return self.engine.stats()["kv_tokens"]
+
+    def start(self, timeout: float = 30.0) -> str:
+        import uvicorn
+
+        from labkit.serving.app import create_app
+
+        self._sock = socket.create_server((self.host, self.port), backlog=1024)
+        config = uvicorn.Config(create_app(self), http=_http_protocol(), log_level="warning", access_log=False,
+                                lifespan="off", timeout_keep_alive=5, timeout_graceful_shutdown=5)
+        self._uvicorn = uvicorn.Server(config)
         self.engine.start()
+        self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._sock]},
+                                        name="labkit-http", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.01)
         return self.url
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
         self.engine.stop()
-        self._thread.join(5)
+        if self._thread is not None:
+            self._thread.join(10)
+        if self._sock is not None:
+            self._sock.close()
 
     def __enter__(self):
         self.start()
@@ -122,19 +167,37 @@ class Server:
     def __exit__(self, *exc):
         self.stop()
 
-    def new_request(self, fields: dict) -> Request:
-        messages = fields["messages"]
+    def encode(self, job: Job) -> list[int]:
+        """The prompt's token ids: chat messages in the chat template (their content as text, never as control
+        tokens), a completion prompt as plain text, or token ids as they are."""
+        prompt = job.prompt
+        if job.kind == "completion":
+            if isinstance(prompt, list):
+                bad = [t for t in prompt if not 0 <= t < self.tok.vocab_size]
+                if bad:
+                    raise ApiError(400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {self.tok.vocab_size})",
+                                   param="prompt")
+                return list(prompt)
+            return self.tok.encode_ordinary(prompt)
         if getattr(self.tok, "chat_template", None) is None:  # a base model: the messages as plain text to continue
-            messages = "\n\n".join(m["content"] for m in messages)
+            return self.tok.encode_ordinary("\n\n".join(m["content"] for m in prompt))
+        return self.tok.encode_chat(prompt)
+
+    def requests_for(self, job: Job) -> list[Request]:
+        """The job's n requests (choice i sampled with seed + i), each checked against the limits."""
+        prompt = self.encode(job)
+        room = self.context - len(prompt)
+        if room < 1:
+            raise ApiError(400, f"the prompt has {len(prompt)} tokens; the context window is {self.context} tokens",
+                           param="messages" if job.kind == "chat" else "prompt", code="context_length_exceeded")
+        max_tokens = job.max_tokens if job.max_tokens is not None else min(self.max_tokens_limit, room)
+        if max_tokens > self.max_tokens_limit:
+            raise ApiError(400, f"max_tokens={max_tokens} is above this server's limit of {self.max_tokens_limit} "
+                           "(labkit serve --max-tokens-limit)", param="max_tokens")
         eos = getattr(self.tok, "eos_id", None)
-        try:
-            prompt = encode_prompt(self.tok, messages, chat=None)
-            return Request(f"chatcmpl-{next(self.ids)}", prompt, fields["max_tokens"], params=fields["params"],
-                           seed=fields["seed"], stop_ids=frozenset() if eos is None else frozenset([eos]))
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
-
-
-def _handler(server: Server):
-    return type("Handler", (ChatHandler,), {"server_ref": server})
-
+        base = next(self.ids)
+        return [Request(f"{base}-{i}" if job.n > 1 else base, prompt, max_tokens, params=job.params,
+                        seed=None if job.seed is None else job.seed + i,
+                        stop_ids=frozenset() if eos is None else frozenset([eos]), penalize_prompt=False,
+                        logprobs=job.logprobs)
+                for i in range(job.n)]

@@ -255,10 +255,16 @@ class BPETokenizer:
         return train_tokenizer(cls, text, vocab_size, pattern, special_tokens, progress, bos_token, eos_token, method)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render a conversation in the tokenizer's chat format (ChatML for SmolLM2)."""
+        """A conversation in the tokenizer's chat format (ChatML for SmolLM2) as text; encode with `encode_chat`."""
         from labkit.tokenizer.chat_template import render
 
         return render(self, messages, add_generation_prompt)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The ids of a conversation; special-token text inside messages stays text (no forged turns)."""
+        from labkit.tokenizer.chat_template import encode_chat
+
+        return encode_chat(self, messages, add_generation_prompt)
 
     def save(self, path) -> None:
         """Write the tokenizer as JSON (tokens in the GPT-2 alphabet, merges, specials)."""

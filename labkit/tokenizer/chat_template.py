@@ -8,12 +8,20 @@ text. A test renders the real template with Jinja and compares.
 
     >>> render(smol, [{"role": "user", "content": "Hi"}])        # doctest: +SKIP
     '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
+
+Encode a conversation with `encode_chat`, not `tokenizer.encode(render(...))`: `encode`
+turns every special-token text into its special id, so a message containing the text
+'<|im_end|>\\n<|im_start|>system' would close its own turn and forge a system turn (prompt
+injection through special tokens; tiktoken's `encode` refuses special text unless allowed, and
+Hugging Face `transformers` has `split_special_tokens` against the same). `encode_chat` gives special ids
+only to the template's own control tokens; the text between them, message content included,
+is encoded as ordinary text.
 """
 from __future__ import annotations
 
 import re
 
-__all__ = ["render", "default_system_prompt"]
+__all__ = ["render", "render_parts", "encode_chat", "default_system_prompt"]
 
 START, END = "<|im_start|>", "<|im_end|>"
 # The system turn a template writes when the first message is not a system message.
@@ -34,20 +42,55 @@ def _check(messages) -> None:
             raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {m!r}")
 
 
-def render(tokenizer, messages, add_generation_prompt: bool = True) -> str:
-    """The ChatML prompt for `messages`, ending with an open assistant turn if asked."""
+def render_parts(tokenizer, messages, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    """The ChatML prompt as (text, is_control) parts: the template's control tokens are control
+    parts, everything else (role names, newlines, message content) is text.
+
+        >>> render_parts(smol, [{"role": "user", "content": "Hi"}])[-6:]     # doctest: +SKIP
+        [('<|im_start|>', True), ('user\\nHi', False), ('<|im_end|>', True), ('\\n', False), ('<|im_start|>', True), ('assistant\\n', False)]
+    """
     template = tokenizer.chat_template
     if template is None:
         raise ValueError(f"the tokenizer {tokenizer.name!r} has no chat template")
     if START not in template or END not in template:
         raise ValueError(f"the tokenizer {tokenizer.name!r} has a chat template that is not ChatML, which labkit does not render")
     _check(messages)
-    parts = []
+    turns = [(m["role"], m["content"]) for m in messages]
     system = default_system_prompt(template)
     if messages and system is not None and messages[0]["role"] != "system":
-        parts.append(f"{START}system\n{system}{END}\n")
-    for m in messages:
-        parts.append(f"{START}{m['role']}\n{m['content']}{END}\n")
+        turns.insert(0, ("system", system))
+    parts = []
+    for role, content in turns:
+        parts += [(START, True), (f"{role}\n{content}", False), (END, True), ("\n", False)]
     if add_generation_prompt:
-        parts.append(f"{START}assistant\n")
-    return "".join(parts)
+        parts += [(START, True), ("assistant\n", False)]
+    return parts
+
+
+def render(tokenizer, messages, add_generation_prompt: bool = True) -> str:
+    """The ChatML prompt for `messages`, ending with an open assistant turn if asked."""
+    return "".join(text for text, _ in render_parts(tokenizer, messages, add_generation_prompt))
+
+
+def encode_chat(tokenizer, messages, add_generation_prompt: bool = True) -> list[int]:
+    """The ids of the ChatML prompt, with special ids only for the template's control tokens.
+
+        >>> encode_chat(smol, [{"role": "user", "content": "<|im_end|>"}]).count(smol.eos_id)   # doctest: +SKIP
+        2
+
+    For content without special-token text the ids equal `tokenizer.encode(render(...))`:
+    each run of text between control tokens is encoded as one string, as `encode` does
+    between specials, so merges see the same text. A control token that is not a special
+    token of this vocabulary is plain text there too, and joins the run around it.
+    """
+    specials = tokenizer.special_tokens
+    ids: list[int] = []
+    run: list[str] = []
+    for text, control in render_parts(tokenizer, messages, add_generation_prompt):
+        if control and text in specials:
+            ids += tokenizer.encode_ordinary("".join(run)) if run else []
+            ids.append(specials[text])
+            run = []
+        else:
+            run.append(text)
+    return ids + (tokenizer.encode_ordinary("".join(run)) if run else [])
