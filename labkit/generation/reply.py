@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from labkit.generation.stages import _params, _sampler, _step, prefill
+from labkit.sampling.constrained import make_constraint
 from labkit.sampling.pipeline import SamplingParams
 from labkit.sampling.stopping import StopStrings
 
@@ -78,7 +79,7 @@ def encode_prompt(tok, prompt, chat: bool | None = None) -> list[int]:
 
 
 @torch.inference_mode()
-def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params):
+def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params, constraint=None):
     """Yield ("text", piece) while generating, then ("done", GenerationOutput)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -98,7 +99,7 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params):
         raise TypeError(f"cache must be a cache kind name, a KV cache or None (no cache), got {type(cache).__name__}")
     stages = [("tokenize", 0.0, t_tok)]
     state = prefill(model, prompt_ids, cache=cache, seed=seed)
-    pick = _sampler(state, params)
+    pick = _sampler(state, params, constraint)
     token = pick(state.logits)
     t_first = now()
     stages.append(("prefill", t_tok, t_first))
@@ -120,6 +121,8 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params):
         if safe > shown:
             yield "text", text[shown:safe]
             shown = safe
+        if constraint is not None and constraint.done and not reason:
+            reason = "stop"  # the format is complete: no token can extend it
         if reason:
             break
         if len(ids) >= budget:
@@ -149,7 +152,7 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params):
 
 def generate(model, tok, prompt, max_new_tokens: int = 64, seed: int | None = 0, *, stop=None,
              cache="contiguous", chat: bool | None = None, params: SamplingParams | None = None,
-             **sampling) -> GenerationOutput:
+             regex: str | None = None, json_schema=None, choices=None, **sampling) -> GenerationOutput:
     """Generate a reply to `prompt` (a str, a list of chat messages, or token ids) and time every stage.
 
     `chat=None` wraps a str prompt in the tokenizer's chat template when it has one.
@@ -157,22 +160,29 @@ def generate(model, tok, prompt, max_new_tokens: int = 64, seed: int | None = 0,
     repetition_penalty, ...) go to `labkit.sampling.SamplingParams`. `stop`: stop strings
     (the reply is cut before them). `cache`: a KV cache kind, a cache object, or None
     (no KV cache: each step recomputes the whole sequence). Token ids are used as they
-    are, with no chat template.
+    are, with no chat template. Constrained decoding, one at most: `regex` (the whole reply
+    matches it), `json_schema` (a dict, or "json_object"), `choices` (the reply is one of these
+    strings); see `labkit.sampling.constrained`.
     """
     out = None
-    for kind, value in _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, _params(params, sampling)):
+    constraint = make_constraint(tok, regex, json_schema, choices)
+    for kind, value in _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, _params(params, sampling),
+                            constraint):
         if kind == "done":
             out = value
     return out
 
 
 def stream(model, tok, prompt, max_new_tokens: int = 64, seed: int | None = 0, *, stop=None,
-           cache="contiguous", chat: bool | None = None, params: SamplingParams | None = None, **sampling):
+           cache="contiguous", chat: bool | None = None, params: SamplingParams | None = None,
+           regex: str | None = None, json_schema=None, choices=None, **sampling):
     """Like `generate`, but yields the reply's text piece by piece as tokens are decoded.
 
     Text that could still turn into a stop string, or half a UTF-8 character, is held
     back until it is certain; the pieces join to exactly `generate(...).text`.
     """
-    for kind, value in _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, _params(params, sampling)):
+    constraint = make_constraint(tok, regex, json_schema, choices)
+    for kind, value in _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, _params(params, sampling),
+                            constraint):
         if kind == "text" and value:
             yield value

@@ -81,7 +81,9 @@ def _check_state(state) -> None:
         raise ValueError("this PrefillState holds no prompt (empty KV cache): run labkit.prefill(model, ids) first")
 
 
-def _sampler(state: PrefillState, params: SamplingParams):
+def _sampler(state: PrefillState, params: SamplingParams, constraint=None):
+    """`pick(logits) -> token`: greedy or seeded sampling; a `constraint` (labkit.sampling.constrained) masks the
+    tokens its format does not allow before every other processor, and follows the token chosen."""
     generator = None
     if not params.greedy:
         generator = torch.Generator()
@@ -90,7 +92,7 @@ def _sampler(state: PrefillState, params: SamplingParams):
         elif state.seed is not None:
             generator.manual_seed(int(state.seed))
 
-    def pick(logits: torch.Tensor) -> int:
+    def choose(logits: torch.Tensor) -> int:
         if params.greedy and params.repetition_penalty == 1.0 and not (params.frequency_penalty or params.presence_penalty):
             if torch.isnan(logits).any():
                 raise ValueError("logits contain NaN; refusing to sample")
@@ -98,6 +100,14 @@ def _sampler(state: PrefillState, params: SamplingParams):
         token = sample_next(logits, state.history, params, generator)
         if generator is not None:
             state.rng_state = generator.get_state()
+        return token
+
+    if constraint is None:
+        return choose
+
+    def pick(logits: torch.Tensor) -> int:
+        token = choose(constraint.apply(logits))
+        constraint.advance(token)
         return token
 
     return pick

@@ -156,9 +156,13 @@ class Engine:
     @staticmethod
     def _choose(req: Request, row_logits: torch.Tensor, best: int) -> int:
         p = req.params
-        if p.greedy and p.repetition_penalty == 1.0 and not (p.frequency_penalty or p.presence_penalty):
-            return best
-        return sample_next(row_logits.float(), req.penalty_history, p, req.generator)
+        plain = p.greedy and p.repetition_penalty == 1.0 and not (p.frequency_penalty or p.presence_penalty)
+        if req.constraint is None:
+            return best if plain else sample_next(row_logits.float(), req.penalty_history, p, req.generator)
+        masked = req.constraint.apply(row_logits.float())  # the format's mask comes before every other processor
+        token = int(masked.argmax()) if plain else sample_next(masked, req.penalty_history, p, req.generator)
+        req.constraint.advance(token)
+        return token
 
     def abort(self, req: Request, reason: str = "abort", message: str | None = None, now: float | None = None) -> bool:
         """End `req` now (a client that left, a deadline, a failure): its blocks are freed, its listener told."""

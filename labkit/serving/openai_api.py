@@ -2,7 +2,7 @@
 
 Request bodies are validated with pydantic in strict mode: a number must be a JSON number
 (`"0.7"` and `true` are refused), every range is checked, and a field labkit does not
-implement (`tools`, `logit_bias`, `response_format`, image parts...) is refused with a 400
+implement (`tools`, `logit_bias`, image parts...) is refused with a 400
 that names it, never accepted and ignored. What is implemented follows the API reference:
 
 - chat: `messages` (roles system, developer, user, assistant; content a string or text
@@ -34,7 +34,6 @@ UNSUPPORTED = {
     "tools": "labkit's server does not call tools", "tool_choice": "labkit's server does not call tools",
     "functions": "labkit's server does not call functions", "function_call": "labkit's server does not call functions",
     "parallel_tool_calls": "labkit's server does not call tools",
-    "response_format": "constrained decoding (response_format) is not implemented yet",
     "logit_bias": "logit_bias is not implemented", "audio": "labkit serves text only",
     "modalities": "labkit serves text only", "prediction": "predicted outputs are not implemented",
     "web_search_options": "labkit does not search the web", "reasoning_effort": "labkit's models do not reason",
@@ -70,6 +69,19 @@ class Message(_Strict):
     content: Union[str, list[TextPart]]
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+    schema_: dict = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -87,6 +99,7 @@ class _Common(_Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     user: str | None = None  # an end-user id for the operator's logs: it changes no output in the API either
+    response_format: ResponseFormat | None = None
 
 
 class ChatBody(_Common):
@@ -115,6 +128,7 @@ class Job:
     stream: bool
     include_usage: bool
     logprobs: int | None          # None: no log-probabilities; k: the chosen token's and the top k
+    json_schema: object = None    # the reply's format: a JSON Schema dict, "json_object", or None (free text)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "none"}
@@ -169,7 +183,15 @@ def _job(kind: str, body, prompt, max_tokens, logprobs) -> Job:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
-    return Job(kind, prompt, max_tokens, params, body.n or 1, stops, body.seed, bool(body.stream), include_usage, logprobs)
+    fmt, schema = body.response_format, None
+    if fmt is not None and fmt.type == "json_object":
+        schema = "json_object"
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise ApiError(400, "response_format: type 'json_schema' needs a json_schema object", param="response_format")
+        schema = fmt.json_schema.schema_
+    return Job(kind, prompt, max_tokens, params, body.n or 1, stops, body.seed, bool(body.stream), include_usage,
+               logprobs, schema)
 
 
 def parse_chat(data, model_name: str) -> Job:

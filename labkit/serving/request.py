@@ -49,6 +49,7 @@ class Request:
     logprobs: int | None = None    # None: none; k >= 0: each token's log-probability and the k most likely
     token_logprobs: list = field(default_factory=list)  # (logprob, [(token, logprob)] top k) per generated token
     error: str | None = None       # why the engine failed this request (finish_reason "error")
+    constraint: object = None      # a labkit.sampling.constrained.Constraint: the reply's format (None: free text)
 
     def __post_init__(self):
         if not isinstance(self.prompt, list) or not self.prompt or not all(isinstance(t, int) for t in self.prompt):
@@ -90,7 +91,7 @@ class Request:
         self.token_times.append(now)
         if self.first_token is None:
             self.first_token = now
-        if token in self.stop_ids:
+        if token in self.stop_ids or (self.constraint is not None and self.constraint.done):
             self.finish_reason = "stop"
         elif len(self.output) >= self.max_new_tokens:
             self.finish_reason = "length"

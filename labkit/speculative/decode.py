@@ -138,6 +138,10 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     """Generate with speculative decoding; `draft` is a model (same vocabulary) or a drafter object."""
     from labkit.generation.reply import encode_prompt
 
+    constrained = sorted({"regex", "json_schema", "choices"} & set(sampling))
+    if constrained:
+        raise ValueError(f"speculative decoding does not honour constraints ({', '.join(constrained)}): the draft's "
+                         "tokens are not masked; use labkit.generate for constrained decoding")
     drafter = draft if hasattr(draft, "propose") else DraftModel(draft)
     _check(target, drafter, gamma, max_new_tokens)
     params = SamplingParams.from_kwargs(None, **sampling)
