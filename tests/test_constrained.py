@@ -235,3 +235,18 @@ def test_the_mask_figure_follows_a_constrained_reply(shakespeare):
     assert list(fig.data[0].y) == [s["allowed"] for s in steps] and fig.layout.yaxis.type == "log"
     with pytest.raises(ValueError, match="empty"):
         labkit.viz.constraint_masks_figure([], tok.vocab_size)
+
+
+def test_the_dfa_figure_draws_every_state_and_edge():
+    dfa = compile_regex("(yes|no)!")
+    fig = labkit.viz.dfa_figure(dfa)
+    assert sorted(fig.data[0].text, key=int) == [str(s) for s in range(dfa.n_states)]
+    edges = sum(1 for s in range(dfa.n_states) for t in set(dfa.table[s].tolist()) if t >= 0)
+    arrows = [a for a in fig.layout.annotations if a.showarrow]
+    assert len(arrows) == edges
+    labels = sorted(a.text for a in fig.layout.annotations if not a.showarrow)
+    assert labels == sorted(["y", "n", "e", "o", "s", "!", "!"])
+    accepting = [w for w, s in zip(fig.data[0].marker.line.width, fig.data[0].text) if dfa.accepting[int(s)]]
+    assert accepting == [4]
+    with pytest.raises(ValueError, match="60 at most"):
+        labkit.viz.dfa_figure(compile_regex(JSON_OBJECT))
