@@ -71,7 +71,8 @@ def test_fifty_sampled_replies_per_schema_all_validate(shakespeare, schema):
     model, tok = shakespeare
     engine = Engine(model, max_batch=16, num_blocks=256, token_budget=256)
     prompt = tok.encode("ROMEO:")
-    reqs = [Request(i, prompt, 48, params=SamplingParams(temperature=1.0), seed=i, stop_ids=frozenset([tok.eos_id]),
+    # every schema here has a bounded language of at most ~70 characters: 96 tokens always reach its end
+    reqs = [Request(i, prompt, 96, params=SamplingParams(temperature=1.0), seed=i, stop_ids=frozenset([tok.eos_id]),
                     constraint=make_constraint(tok, json_schema=schema)) for i in range(50)]
     engine.replay(reqs)
     for req in reqs:

@@ -72,33 +72,23 @@ def test_tolerance_is_relative_to_each_value_and_checked():
         nbcompare.figure_differences({}, {}, rtol=2)
 
 
-def _chapter(tmp_path):
-    """A one-cell chapter drawing a figure, executed and stored as `make notebooks` stores chapters."""
+def test_nbval_compares_figures_this_way(tmp_path):
+    """Through nbval itself, one run: a stored figure one ulp away passes; one with a moved point fails, naming it."""
     from labkit import nbtools
 
-    cell = new_code_cell("import plotly.graph_objects as go\ngo.Figure(go.Scatter(y=[0.1, 0.2, 0.3])).show()")
+    draw = "import plotly.graph_objects as go\ngo.Figure(go.Scatter(y=[0.1, 0.2, 0.3])).show()"
     path = tmp_path / "chapter.ipynb"
-    nbformat.write(new_notebook(cells=[cell]), path)
+    nbformat.write(new_notebook(cells=[new_code_cell(draw), new_code_cell(draw)]), path)
     nbtools.execute(path)
     (tmp_path / "conftest.py").write_text((ROOT / "notebooks" / "conftest.py").read_text())
-    return path
-
-
-def _nbval_with_stored_y(path, y):
     nb = nbformat.read(path, as_version=4)
-    nb.cells[0].outputs[0]["data"][nbcompare.FIGURE_MIME]["data"][0]["y"] = typed(np.asarray(y))
+    stored = [[0.1, float(np.nextafter(0.2, 1)), 0.3], [0.1, 0.2, 0.31]]  # last bits / a point moved by 3 %
+    for cell, y in zip(nb.cells, stored):
+        cell.outputs[0]["data"][nbcompare.FIGURE_MIME]["data"][0]["y"] = typed(np.asarray(y))
     nbformat.write(nb, path)
-    return subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q", "-p",
-                           "no:cacheprovider", "--rootdir", str(path.parent), str(path)],
-                          cwd=path.parent, env=python_env(), capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.slow
-def test_nbval_compares_figures_this_way(tmp_path):
-    """Through nbval itself: a stored figure one ulp away passes; one with a moved point fails, naming it."""
-    path = _chapter(tmp_path)
-    same = _nbval_with_stored_y(path, [0.1, float(np.nextafter(0.2, 1)), 0.3])
-    assert same.returncode == 0, same.stdout[-2000:]
-    moved = _nbval_with_stored_y(path, [0.1, 0.2, 0.31])
-    assert moved.returncode != 0
-    assert "y[2]" in moved.stdout and "differs from the stored" in moved.stdout, moved.stdout[-2000:]
+    run = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q", "-p",
+                          "no:cacheprovider", "--rootdir", str(tmp_path), str(path)],
+                         cwd=tmp_path, env=python_env(), capture_output=True, text=True, timeout=120)
+    assert "1 failed, 1 passed" in run.stdout, run.stdout[-2000:]
+    assert "Cell 1" in run.stdout and "Cell 0 " not in run.stdout.split("short test summary")[-1]
+    assert "y[2]" in run.stdout and "differs from the stored" in run.stdout, run.stdout[-2000:]

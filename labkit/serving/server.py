@@ -97,7 +97,7 @@ class Server:
     def __init__(self, model, tok, model_name: str, *, host: str = "127.0.0.1", port: int = 0,
                  allow_remote: bool = False, kv_memory=DEFAULT_KV_MEMORY, max_waiting: int = 64,
                  request_timeout: float | None = 600.0, max_tokens_limit: int = 1024, max_body: int = 1 << 20,
-                 body_timeout_s: float = 10.0, **engine_opts):
+                 body_timeout_s: float = 10.0, idle_timeout_s: float = 5.0, **engine_opts):
         if host not in ("127.0.0.1", "localhost") and not allow_remote:
             raise ValueError(f"host must be 127.0.0.1 (this server is for this machine only), got {host!r}; "
                              "pass allow_remote=True (labkit serve --allow-remote) to serve other machines")
@@ -112,6 +112,7 @@ class Server:
             engine_opts["num_blocks"] = kv_pool_blocks(model, kv_memory, engine_opts.get("block_size", 16))
         self.tok, self.model_name, self.created = tok, model_name, int(time.time())
         self.max_tokens_limit, self.max_body, self.body_timeout_s = max_tokens_limit, max_body, body_timeout_s
+        self.idle_timeout_s = idle_timeout_s  # a connection silent this long is closed (before or between requests)
         self.context = model.config.max_seq_len
         self.metrics = ServerMetrics(model_name)
         self.engine = EngineThread(Engine(model, **engine_opts), max_waiting=max_waiting,
@@ -138,7 +139,8 @@ class Server:
 
         self._sock = socket.create_server((self.host, self.port), backlog=1024)
         config = uvicorn.Config(create_app(self), http=_http_protocol(), log_level="warning", access_log=False,
-                                lifespan="off", timeout_keep_alive=5, timeout_graceful_shutdown=5)
+                                lifespan="off", timeout_keep_alive=self.idle_timeout_s,
+                                timeout_graceful_shutdown=5)
         self._uvicorn = uvicorn.Server(config)
         self.engine.start()
         self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._sock]},
