@@ -1,10 +1,10 @@
-"""nbval on the chapters: plotly figures are compared by what a reader sees (`labkit.nbcompare`)."""
-from labkit import nbcompare
+"""nbval on the chapters: plotly figures are compared by what a reader sees (`labkit.nbtools.figures`)."""
+from labkit.nbtools import figures
 
 
 def pytest_configure(config):
-    nbcompare.install()
+    figures.install()
 
 
 def pytest_assertrepr_compare(config, op, left, right):
-    return nbcompare.assertrepr(left, right)
+    return figures.assertrepr(left, right)

@@ -29,7 +29,7 @@ LAYERS = [
     {"speculative", "serving", "train"},
     {"costmodel"},
     {"power"},
-    {"viz", "widgets", "exercises", "benchmarks", "commands", "<face>"},
+    {"viz", "widgets", "exercises", "benchmarks", "commands", "nbtools", "<face>"},
 ]
 RANK = {pkg: i for i, row in enumerate(LAYERS) for pkg in row}
 FACE = RANK["<face>"]
@@ -189,8 +189,7 @@ def test_files_stay_small():
 
 def test_top_level_keeps_only_the_face():
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "_collect.py", "cli.py", "doctor.py", "nbcompare.py", "nbtools.py",
-                   "registry.py"]
+    assert top == ["__init__.py", "__main__.py", "_collect.py", "cli.py", "doctor.py", "registry.py"]
 
 
 @pytest.mark.parametrize("init", sorted(PKG.glob("*/__init__.py")), ids=lambda p: p.parent.name)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from labkit import nbcompare
+from labkit.nbtools import figures
 from tests.conftest import ROOT, python_env
 
 
@@ -29,10 +29,10 @@ def test_typed_arrays_decode_as_plotly_wrote_them():
 
     y = np.array([0.1, 2.5e14, -3.0])
     fig = go.Figure(go.Scatter(y=y)).to_plotly_json()
-    np.testing.assert_array_equal(nbcompare.decode_typed_array(fig["data"][0]["y"]), y)
-    assert nbcompare.decode_typed_array(typed(np.array([1, -2], dtype=np.int8))).tolist() == [1, -2]
+    np.testing.assert_array_equal(figures.decode_typed_array(fig["data"][0]["y"]), y)
+    assert figures.decode_typed_array(typed(np.array([1, -2], dtype=np.int8))).tolist() == [1, -2]
     with pytest.raises(ValueError, match="dtype"):
-        nbcompare.decode_typed_array({"dtype": "c16", "bdata": ""})
+        figures.decode_typed_array({"dtype": "c16", "bdata": ""})
 
 
 def test_last_bit_differences_pass():
@@ -40,10 +40,10 @@ def test_last_bit_differences_pass():
     y2 = np.nextafter(y, np.inf)  # every value one ulp away: bytes differ, no reader could tell
     ref, test = figure(y), figure(y2)
     assert ref != test
-    assert nbcompare.figure_differences(ref, test) == []
+    assert figures.figure_differences(ref, test) == []
     # and as a plain list of floats (how plotly stores short lists), and in a float32 array
-    assert nbcompare.figure_differences({"x": [1.0, 2.0]}, {"x": [1.0, 2.0 * (1 + 1e-9)]}) == []
-    assert nbcompare.figure_differences({"x": typed(np.float32([1, 2]))}, {"x": [1.0, 2.0000001]}) == []
+    assert figures.figure_differences({"x": [1.0, 2.0]}, {"x": [1.0, 2.0 * (1 + 1e-9)]}) == []
+    assert figures.figure_differences({"x": typed(np.float32([1, 2]))}, {"x": [1.0, 2.0000001]}) == []
 
 
 @pytest.mark.parametrize("change, expected", [
@@ -59,17 +59,17 @@ def test_real_changes_fail_and_say_where(change, expected):
     ref = figure(np.array([1.0, 2.0, 3.0]))
     test = copy.deepcopy(ref)
     change(test)
-    diffs = nbcompare.figure_differences(ref, test)
+    diffs = figures.figure_differences(ref, test)
     assert diffs and expected in diffs[0]
 
 
 def test_tolerance_is_relative_to_each_value_and_checked():
     # a small value on a log axis moving by 10 % fails, even beside a large one
-    assert nbcompare.figure_differences({"y": [1e-6, 1e6]}, {"y": [1.1e-6, 1e6]})
-    assert nbcompare.figure_differences({"y": [float("nan"), 1.0]}, {"y": [float("nan"), 1.0]}) == []
-    assert nbcompare.figure_differences({"y": [True]}, {"y": [1]})  # a bool is not a number
+    assert figures.figure_differences({"y": [1e-6, 1e6]}, {"y": [1.1e-6, 1e6]})
+    assert figures.figure_differences({"y": [float("nan"), 1.0]}, {"y": [float("nan"), 1.0]}) == []
+    assert figures.figure_differences({"y": [True]}, {"y": [1]})  # a bool is not a number
     with pytest.raises(ValueError, match="rtol"):
-        nbcompare.figure_differences({}, {}, rtol=2)
+        figures.figure_differences({}, {}, rtol=2)
 
 
 def test_nbval_compares_figures_this_way(tmp_path):
@@ -84,7 +84,7 @@ def test_nbval_compares_figures_this_way(tmp_path):
     nb = nbformat.read(path, as_version=4)
     stored = [[0.1, float(np.nextafter(0.2, 1)), 0.3], [0.1, 0.2, 0.31]]  # last bits / a point moved by 3 %
     for cell, y in zip(nb.cells, stored):
-        cell.outputs[0]["data"][nbcompare.FIGURE_MIME]["data"][0]["y"] = typed(np.asarray(y))
+        cell.outputs[0]["data"][figures.FIGURE_MIME]["data"][0]["y"] = typed(np.asarray(y))
     nbformat.write(nb, path)
     run = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q", "-p",
                           "no:cacheprovider", "--rootdir", str(tmp_path), str(path)],

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+__all__ = ["SOLUTION_TAG", "execute", "problems", "stub_source", "student_copy", "write_students", "main"]
+
 SOLUTION_TAG = "solution"
 
 
@@ -172,7 +174,3 @@ def main(argv=None) -> int:
         for target in write_students(args.paths, args.out):
             print(f"wrote {target}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,6 @@
+"""`python -m labkit.nbtools execute|check|student|release ...`."""
+import sys
+
+from labkit.nbtools.chapters import main
+
+sys.exit(main())
