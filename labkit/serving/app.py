@@ -172,9 +172,10 @@ class _Run:
                 self.srv.engine.abort(req, "stop")
             return piece, None
         self.open.discard(req.id)
+        if req.finish_reason == "rejected":  # its parameters could not sample these logits
+            raise ApiError(400, req.error, code="invalid_value")
         if req.finish_reason == "error":
-            raise ApiError(400 if "sampling failed" in (req.error or "") else 500, req.error or "the engine failed",
-                           code="engine_error")
+            raise ApiError(500, req.error or "the engine failed", code="engine_error")
         if req.finish_reason == "timeout":
             raise ApiError(504, req.error, code="timeout")
         if req.finish_reason == "abort" and not text.stopped:

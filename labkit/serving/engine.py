@@ -117,7 +117,7 @@ class Engine:
         Token times are `now` + the pass's wall time, or `clock()` after the pass when given.
         If the pass itself fails, `PassFailed` names its requests (the caller decides their fate);
         a request whose own sampling fails (bad parameters for these logits) ends alone, with
-        finish_reason "error", and the pass goes on for the others.
+        finish_reason "rejected", and the pass goes on for the others.
         """
         rows = self.scheduler.schedule(now, draining)
         if not rows:
@@ -139,7 +139,7 @@ class Engine:
             try:
                 token = self._choose(req, row_logits, best)
             except (ValueError, RuntimeError) as exc:  # this request's parameters: it fails alone
-                self.abort(req, "error", f"sampling failed: {exc}", end)
+                self.abort(req, "rejected", f"sampling failed: {exc}", end)
                 continue
             if req.logprobs is not None:
                 req.token_logprobs.append(_logprobs(row_logits, token, req.logprobs))

@@ -12,7 +12,7 @@ Names follow vLLM's where there is an equivalent (`vllm:num_requests_running` is
 | `labkit:inter_token_latency_seconds` | histogram | gaps between tokens |
 | `labkit:prompt_tokens_total` / `labkit:generation_tokens_total` | counter | tokens in / out |
 | `labkit:request_success_total{finished_reason}` | counter | requests that ended normally ("stop", "length") |
-| `labkit:num_requests_aborted_total{reason}` | counter | ended early ("abort": client left, "timeout", "error") |
+| `labkit:num_requests_aborted_total{reason}` | counter | ended early ("abort": client left, "timeout", "rejected": its parameters could not sample, "error") |
 | `labkit:num_requests_rejected_total` | counter | refused with 429 (queue full) |
 
 Each server has its own registry, so two servers in one process never mix their counts.
@@ -33,7 +33,6 @@ class ServerMetrics:
 
     def __init__(self, model_name: str):
         self.registry = r = CollectorRegistry()
-        labels = {"model_name": model_name}
         self.running = Gauge("labkit:num_requests_running", "Requests decoding now.", registry=r)
         self.waiting = Gauge("labkit:num_requests_waiting", "Requests waiting to run.", registry=r)
         self.kv_usage = Gauge("labkit:kv_cache_usage_perc", "Share of KV cache blocks in use (0-1).", registry=r)
@@ -47,7 +46,6 @@ class ServerMetrics:
         self.success = Counter("labkit:request_success", "Requests that ended normally.", ["finished_reason"], registry=r)
         self.aborted = Counter("labkit:num_requests_aborted", "Requests ended early.", ["reason"], registry=r)
         self.rejected = Counter("labkit:num_requests_rejected", "Requests refused because the queue was full.", registry=r)
-        self.labels = labels
 
     def finished(self, req) -> None:
         """A request ended (any reason): count its tokens and latencies."""

@@ -98,7 +98,8 @@ class Request:
         return self.finish_reason is not None
 
     def fail(self, reason: str, message: str | None = None, now: float | None = None) -> None:
-        """End the request early: finish_reason `reason` ("abort", "timeout", "error"), with `message` if it failed."""
+        """End the request early: finish_reason `reason` ("abort", "stop", "timeout", "rejected", "error"), with
+        `message` saying why."""
         self.status, self.finish_reason, self.error = Status.FINISHED, reason, message
         self.finish = now if now is not None else self.finish
 

@@ -7,7 +7,7 @@ engine must survive, and how this one does:
 - **a failing pass** (an error inside the model): only the requests of that pass fail,
   with finish_reason "error"; the error is logged with its traceback and the next pass runs;
 - **a request whose sampling fails** (its parameters cannot sample these logits): it fails
-  alone (`Engine.step`);
+  alone with finish_reason "rejected" (`Engine.step`; the server answers 400);
 - **a client that leaves**: `abort(req)` takes the request out of the scheduler and frees
   its KV blocks before the next pass;
 - **a request that runs too long**: past `request_timeout` seconds it ends with

@@ -198,13 +198,13 @@ class Server:
             raise ApiError(400, f"max_tokens={max_tokens} is above this server's limit of {self.max_tokens_limit} "
                            "(labkit serve --max-tokens-limit)", param="max_tokens")
         eos = getattr(self.tok, "eos_id", None)
-        try:
-            make_constraint(self.tok, json_schema=job.json_schema)  # compiled and cached once, checked here (400)
+        try:  # one constraint per choice (its own state); the automaton is compiled once and cached
+            constraints = [make_constraint(self.tok, json_schema=job.json_schema) for _ in range(job.n)]
         except ValueError as exc:
             raise ApiError(400, f"response_format: {exc}", param="response_format") from None
         base = next(self.ids)
         return [Request(f"{base}-{i}" if job.n > 1 else base, prompt, max_tokens, params=job.params,
                         seed=None if job.seed is None else job.seed + i,
                         stop_ids=frozenset() if eos is None else frozenset([eos]), penalize_prompt=False,
-                        logprobs=job.logprobs, constraint=make_constraint(self.tok, json_schema=job.json_schema))
+                        logprobs=job.logprobs, constraint=constraints[i])
                 for i in range(job.n)]
