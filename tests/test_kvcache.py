@@ -16,6 +16,7 @@ class PreRopeCache(KVCache):
     as a StreamingLLM cache must: proves the attention layer never assumes rotated keys."""
 
     kind = "test-prerope"
+    rotate_new_keys = False  # it rotates keys itself, at every read
 
     def __init__(self, config, **opts):
         super().__init__(config, **opts)
@@ -73,13 +74,13 @@ def test_contiguous_protocol_and_bookkeeping():
 
     def rope(x, positions):
         rope_calls.append(positions.tolist())
-        return x + 100  # a marker: the cache must store what rope returns
+        return x + 100
 
     k = torch.randn(1, 2, 3, 8)
     v = torch.randn(1, 2, 3, 8)
     keys, values, mask = cache.update(0, k, v, rope)
-    assert rope_calls == [[0, 1, 2]]
-    torch.testing.assert_close(keys, k + 100)
+    assert ContiguousCache.rotate_new_keys and rope_calls == []  # keys arrive rotated (by the model) and are stored as is
+    torch.testing.assert_close(keys, k)
     torch.testing.assert_close(values, v)
     assert mask.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
     cache.update(1, k, v, rope)
@@ -89,8 +90,8 @@ def test_contiguous_protocol_and_bookkeeping():
     assert cache.begin(1).tolist() == [3]
     keys, values, mask = cache.update(0, k[:, :, :1], v[:, :, :1], rope)
     assert mask is None and keys.shape == (1, 2, 4, 8)  # one query sees every key
-    torch.testing.assert_close(keys[:, :, :3], k + 100)  # old keys untouched, never re-rotated
-    assert rope_calls[-1] == [3]
+    torch.testing.assert_close(keys[:, :, :3], k)  # old keys untouched, never re-rotated
+    assert rope_calls == []
     cache.end()
     cache.truncate(2)
     assert cache.seq_len == 2 and cache.begin(2).tolist() == [2, 3]
@@ -148,22 +149,28 @@ def test_contiguous_reorder_copies_parent_rows_and_checks_them():
         new_cache("paged", cfg, max_len=8, block_size=4).reorder([0])
 
 
-@pytest.mark.parametrize("kind, opts", [("contiguous", {}), ("paged", {"block_size": 4}), ("quantized", {"bits": 8, "group_size": 4, "residual": 4})])
-def test_keys_are_rotated_with_the_positions_tensor_begin_returned(kind, opts):
-    """So RoPE's tables are gathered once per pass for every layer's queries and keys."""
-    cache = kvcache.new_cache(kind, CFG, max_len=16, **opts)
-    seen = []
+@pytest.mark.parametrize("kind, opts", [("contiguous", {}), ("paged", {"block_size": 4}), ("quantized", {"bits": 8, "group_size": 4, "residual": 4}), ("sliding", {"window": 16})])
+def test_rope_tables_are_gathered_once_per_pass_at_the_positions_begin_returned(kind, opts, monkeypatch):
+    """The model rotates queries (and, for kinds that store rotated keys, the new keys) at `begin`'s positions
+    tensor: RoPE's tables are gathered once per pass for every layer; a kind that rotates keys itself gets them raw."""
+    from labkit.model.rope import Rotary
 
-    def rope(x, positions):
-        seen.append(positions)
-        return x
-
-    k = torch.zeros(1, CFG.n_kv_heads, 3, CFG.head_dim)
-    for _ in range(2):
-        positions = cache.begin(3)
-        for layer in range(CFG.n_layers):
-            cache.update(layer, k, k, rope)
-        cache.end()
-        assert seen and all(p is positions for p in seen), kind
-        seen.clear()
-    assert positions.tolist() == [3, 4, 5]
+    model = tiny()
+    cache = model.new_cache(kind, max_len=16, **opts)
+    begun, gathered, raw_keys = [], [], []
+    begin, at, update = type(cache).begin, Rotary.at, type(cache).update
+    monkeypatch.setattr(type(cache), "begin", lambda self, n: begun.append(begin(self, n)) or begun[-1])
+    monkeypatch.setattr(Rotary, "at", lambda self, p, dtype, token_major=False: gathered.append(p) or at(self, p, dtype, token_major))
+    monkeypatch.setattr(type(cache), "update", lambda self, layer, k, v, rope: raw_keys.append(k) or update(self, layer, k, v, rope))
+    x = ids(6)
+    model(x[:, :3], cache=cache)
+    model(x[:, 3:5], cache=cache)
+    assert [p.tolist() for p in begun] == [[0, 1, 2], [3, 4]]
+    model_gathers = [p for p in gathered if any(p is b for b in begun)]
+    assert len(model_gathers) == 2 * model.config.n_layers and all(p is begun[i // model.config.n_layers] for i, p in enumerate(model_gathers))
+    # the keys handed to the cache: rotated by the model exactly when the kind says so
+    full = model.layers[0].attn.wqkv(model.layers[0].attn_norm(model.tok_embeddings(x[:, :3])))
+    H, Hkv, D = model.config.n_heads, model.config.n_kv_heads, model.config.head_dim
+    k_raw = full.view(1, 3, H + 2 * Hkv, D)[:, :, H:H + Hkv].transpose(1, 2)
+    rotated = torch.allclose(raw_keys[0], model.rope(k_raw, torch.arange(3)), atol=1e-6)
+    assert rotated == cache.rotate_new_keys and rotated != torch.allclose(raw_keys[0], k_raw, atol=1e-6)

@@ -149,23 +149,26 @@ def test_bad_input_names_the_numbers():
 
 
 def test_thread_split_matvec_equals_linear(monkeypatch):
-    from labkit.model import transformer as M
+    from labkit.model import kernels as M
 
-    monkeypatch.setattr(M, "SPLIT_MATVEC", True)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(96, 40, generator=g, dtype=torch.float64).t().contiguous().t()  # column-major [out, in]
     x = torch.randn(1, 1, 40, generator=g, dtype=torch.float64)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
-    split = M.linear(x, w)
+    split = M.linear(x, w, split=True)
     assert split.shape == (1, 1, 96)
     torch.testing.assert_close(split, torch.nn.functional.linear(x, w), atol=1e-12, rtol=0)
     few = torch.randn(2, 5, 40, generator=g, dtype=torch.float64)  # a few tokens (a verification pass) split too
-    torch.testing.assert_close(M.linear(few, w), torch.nn.functional.linear(few, w), atol=1e-12, rtol=0)
+    torch.testing.assert_close(M.linear(few, w, split=True), torch.nn.functional.linear(few, w), atol=1e-12, rtol=0)
     many = torch.randn(1, M.SPLIT_MAX_TOKENS + 1, 40, generator=g, dtype=torch.float64)  # more: F.linear itself
-    torch.testing.assert_close(M.linear(many, w), torch.nn.functional.linear(many, w), atol=0, rtol=0)
+    torch.testing.assert_close(M.linear(many, w, split=True), torch.nn.functional.linear(many, w), atol=0, rtol=0)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)  # 40 % 3: falls back to F.linear
-    torch.testing.assert_close(M.linear(x, w), torch.nn.functional.linear(x, w), atol=0, rtol=0)
+    torch.testing.assert_close(M.linear(x, w, split=True), torch.nn.functional.linear(x, w), atol=0, rtol=0)
     model = tiny().column_major_()
+    with pytest.raises(TypeError, match="split_matvec"):
+        model.split_matvec = 1
+    model.split_matvec = True  # a model setting: every Linear of the model takes the split
+    assert all(m.split for m in model.modules() if isinstance(m, M.Linear))
     assert all(m.weight.t().is_contiguous() for m in model.modules() if isinstance(m, torch.nn.Linear))
     ids_ = ids(6)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)

@@ -122,21 +122,13 @@ def bytes_per_token(config, dtype_bytes: int, context: int) -> dict:
 
 
 def _other_split_decode(model, prompt_ids, n_tokens):
-    """labkit with the other choice of `labkit.model.transformer.SPLIT_MATVEC` (one-token products split over threads, or not)."""
-    from labkit.model import transformer as model_module
-
-    saved = model_module.SPLIT_MATVEC
-    model_module.SPLIT_MATVEC = not _splits(saved)
+    """labkit with the other choice of the model's `split_matvec` (products split over threads by hand, or not)."""
+    saved = model.split_matvec
+    model.split_matvec = not saved
     try:
         return labkit_decode(model, prompt_ids, n_tokens)
     finally:
-        model_module.SPLIT_MATVEC = saved
-
-
-def _splits(setting) -> bool:
-    import torch
-
-    return torch.get_num_threads() > 1 if setting is None else bool(setting)
+        model.split_matvec = saved
 
 
 def _measure(contenders: dict, prompt_ids, n_tokens: int, rounds: int, roofline=None) -> tuple[dict, list]:
@@ -190,9 +182,7 @@ def run(quick: bool = False) -> dict:
     if reference is None:
         print("  transformers (+ accelerate) is not installed: measuring labkit only")
     has_bf16, why = native_bf16()
-    from labkit.model import transformer as model_module
-
-    splits = _splits(model_module.SPLIT_MATVEC)
+    splits = model.split_matvec
     report = {"threads": torch.get_num_threads(), "load_average": load, "n_tokens": n_tokens,
               "rounds": rounds, "prompt_tokens": len(prompt_ids), "native_bf16": has_bf16, "dtypes": {}}
     for dtype in (torch.float32, torch.bfloat16):
@@ -221,8 +211,8 @@ def run(quick: bool = False) -> dict:
         if "labkit-other" in rates:
             other = roofline_fraction(read["total"], n_tokens, times["labkit-other"], roof)
             row["other_split_roofline_fraction"] = other
-            how = ("each one-token product on one core (SPLIT_MATVEC = False)" if splits else
-                   f"one-token products split over {torch.get_num_threads()} threads (SPLIT_MATVEC = True)")
+            how = ("plain torch.mm products (split_matvec = False)" if splits else
+                   f"products split over {torch.get_num_threads()} threads by hand (split_matvec = True)")
             print(f"            labkit with {how}: {rates['labkit-other']:.1f} tok/s, "
                   f"{100 * other:.0f} % of the roofline")
         print(f"            {read['total'] / 1e6:.0f} MB read per token ({read['weights'] / 1e6:.0f} MB weights, "

@@ -55,9 +55,9 @@ def prefill(model, ids, cache="contiguous", max_len: int | None = None, seed: in
         if max_len is None:
             max_len = min(model.config.max_seq_len, x.shape[1] + DEFAULT_HEADROOM)
         cache = model.new_cache(kind=cache, max_len=max_len)
-    prefix = hasattr(cache, "reuse_prefix") and cache.seq_len == 0 and x.shape[0] == 1
+    prefix = cache.seq_len == 0 and x.shape[0] == 1
     start = cache.reuse_prefix(x[0].tolist()) if prefix else 0
-    sizes = cache.plan_chunks(x.shape[1] - start) if hasattr(cache, "plan_chunks") else [x.shape[1] - start]
+    sizes = cache.plan_chunks(x.shape[1] - start)
     for n in sizes:
         logits = model(x[:, start:start + n], cache=cache, last_only=True)
         start += n
@@ -93,10 +93,6 @@ def _sampler(state: PrefillState, params: SamplingParams, constraint=None):
             generator.manual_seed(int(state.seed))
 
     def choose(logits: torch.Tensor) -> int:
-        if params.greedy and params.repetition_penalty == 1.0 and not (params.frequency_penalty or params.presence_penalty):
-            if torch.isnan(logits).any():
-                raise ValueError("logits contain NaN; refusing to sample")
-            return int(torch.argmax(logits))  # lowest id on ties, as sample_next
         token = sample_next(logits, state.history, params, generator)
         if generator is not None:
             state.rng_state = generator.get_state()
@@ -121,7 +117,8 @@ def _step(model, state: PrefillState, token: int) -> None:
         state.position = len(state.history)
         return
     x = torch.tensor([[token]], device=model.device)
-    state.logits = model(x, cache=state.cache)[0, -1].float()
+    logits = model.step(x, cache=state.cache)[0, -1]  # the token came from the model's own vocabulary: no check
+    state.logits = logits if logits.dtype == torch.float32 else logits.float()
     state.position = state.cache.seq_len
 
 

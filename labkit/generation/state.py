@@ -73,28 +73,15 @@ def model_info(model) -> dict:
 # ---- cache <-> tensors --------------------------------------------------------------
 
 def _cache_state(cache) -> tuple[dict[str, torch.Tensor], dict, dict]:
-    """(tensors, meta, constructor options) for any cache kind."""
-    if hasattr(cache, "state_tensors"):
-        tensors, meta = cache.state_tensors()
-        return tensors, meta, cache.options()
-    if hasattr(cache, "keys") and hasattr(cache, "values"):  # the contiguous cache: rotated keys at slots 0..n-1
-        n = cache.seq_len
-        tensors = {"keys": cache.keys[:, :, :, :n], "values": cache.values[:, :, :, :n]}
-        return tensors, {"seq_len": n}, {"max_len": cache.max_len, "batch_size": cache.batch_size}
-    raise TypeError(f"cannot save a {type(cache).__name__}: it has no state_tensors() method")
+    """(tensors, meta, constructor options) for any cache kind that can be saved."""
+    if not cache.supports("state_tensors"):
+        raise TypeError(f"cannot save a {type(cache).__name__}: it has no state_tensors() method")
+    tensors, meta = cache.state_tensors()
+    return tensors, meta, cache.options()
 
 
 def _fill_cache(cache, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    if hasattr(cache, "load_state_tensors"):
-        cache.load_state_tensors(tensors, meta)
-        return
-    n = int(meta["seq_len"])
-    if n:  # replay through the protocol; the saved keys are already rotated
-        identity = lambda x, positions: x  # noqa: E731
-        cache.begin(n)
-        for layer in range(cache.config.n_layers):
-            cache.update(layer, tensors["keys"][layer], tensors["values"][layer], identity)
-        cache.end()
+    cache.load_state_tensors(tensors, meta)
 
 
 # ---- the file -----------------------------------------------------------------------

@@ -4,18 +4,32 @@ One forward pass over `n_new` tokens talks to the cache in three steps:
 
     positions = cache.begin(n_new)        # RoPE positions of the new queries, LongTensor [n_new]
     for layer in range(n_layers):         # inside each attention layer:
-        keys, values, mask = cache.update(layer, k, v, rope)
-        #   k, v: this step's keys (NOT yet rotated) and values [B, n_kv_heads, n_new, head_dim]
+        out = cache.attend(layer, q, k, v, rope)   # [B·n_new, n_heads·head_dim]
+        #   q: this pass's queries, rotated, [B, n_new, n_heads, head_dim]
+        #   k, v: this pass's keys and values [B, n_new, n_kv_heads, head_dim]; the keys are
+        #   rotated at `positions` when the kind says `rotate_new_keys` (the default), raw otherwise
         #   rope(x, positions) rotates x [B, H, T, head_dim] to the given positions
-        #   keys, values: everything to attend over [B, n_kv_heads, n_keys, head_dim], keys rotated
-        #   mask: None (every new query may see every returned key) or bool [n_new, n_keys]
     cache.end()                           # commit: seq_len grows by n_new
 
-Why the cache, not the attention layer, rotates keys: a contiguous cache rotates
-each key once, at its absolute position, and stores it; a StreamingLLM cache
-(Xiao et al. 2024) stores keys before RoPE and rotates them by their *slot* at read
-time; a paged cache gathers blocks; a quantized cache dequantizes. The attention
-layer only ever sees "keys to attend over", so every kind is a drop-in.
+`attend` stores the new keys and values (`update`) and runs attention over everything
+the cache returns (`attention`, with the one-query GQA trick). `update(layer, k, v, rope)`
+takes k, v head-major, [B, n_kv_heads, n_new, head_dim], and returns `(keys, values, mask)`:
+keys and values [B, n_kv_heads, n_keys, head_dim] (keys rotated), mask None (every new
+query sees every key) or bool [n_new, n_keys]. A kind overrides `attend` only when it runs
+attention its own way (`PagedBatch`: each packed sequence over its own blocks).
+
+Who rotates keys: a contiguous cache stores each key rotated once, at its absolute
+position, and the model rotates the new keys together with the queries (one call); a
+StreamingLLM cache (Xiao et al. 2024, `rotate_new_keys = False`) stores keys before RoPE
+and rotates them by their *slot* at read time; a paged cache gathers blocks; a quantized
+cache dequantizes. The attention layer only ever sees "keys to attend over", so every kind
+is a drop-in.
+
+Optional capabilities are declared here and raise NotImplementedError unless a kind has
+them (`supports(name)` says which): `truncate` (roll back tokens: speculative decoding),
+`reorder` (beam search), `state_tensors` / `load_state_tensors` (save a prefill to a file);
+`plan_chunks` (the pass sizes for a long prompt) and `reuse_prefix` / `register_prefix`
+(prefix blocks shared between requests) have do-nothing defaults.
 
 Bookkeeping every kind reports: `seq_len` (tokens committed), `bytes_used()` (bytes
 holding committed tokens), `bytes_allocated()` (bytes reserved), `fragmentation()`
@@ -31,6 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 Rope = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -42,6 +57,8 @@ class KVCache(ABC):
     """Abstract KV cache for a model with `config` (see the module docstring for the protocol)."""
 
     kind: str = ""
+    rotate_new_keys: bool = True  # the model hands `update` keys already rotated at the pass's positions
+    packed: bool = False  # many sequences packed in one row: `last_index` names each one's last token
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -64,6 +81,7 @@ class KVCache(ABC):
         self.device = torch.device(device)
         self._n_new = None  # tokens of the forward pass in progress (between begin and end)
         self.positions_in_pass = None  # what `new_positions` made for the pass in progress
+        self.pass_end = 0  # 1 + the last position of the pass in progress (a Python int: checked without a sync)
 
     # ---- the protocol -----------------------------------------------------------------
 
@@ -99,9 +117,47 @@ class KVCache(ABC):
     def bytes_used(self) -> int:
         """Bytes that hold the committed tokens."""
 
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Rope) -> torch.Tensor:
+        """Store this pass's keys and values, attend over all: q [B, T, H, D], k, v [B, T, Hkv, D] -> [B·T, H·D]."""
+        keys, values, mask = self.update(layer, k.transpose(1, 2), v.transpose(1, 2), rope)
+        return attention(q, keys, values, mask)
+
     def abort(self) -> None:
         """Drop the pass in progress (a forward that failed); committed tokens stay."""
         self._n_new = None
+
+    # ---- optional capabilities (see the module docstring) ---------------------------------
+
+    @classmethod
+    def supports(cls, capability: str) -> bool:
+        """Whether this kind implements `capability` ("truncate", "reorder", "state_tensors", ...)."""
+        if capability not in _CAPABILITIES:
+            raise ValueError(f"capability must be one of {_CAPABILITIES}, got {capability!r}")
+        return getattr(cls, capability) is not getattr(KVCache, capability)
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first `n` tokens (roll back rejected speculative tokens)."""
+        raise NotImplementedError(f"the {self.kind or type(self).__name__} cache cannot drop tokens (truncate); "
+                                  "use the contiguous cache")
+
+    def plan_chunks(self, n: int) -> list[int]:
+        """Sizes of the forward passes that feed `n` more tokens: one pass, unless a kind needs pieces."""
+        return [n]
+
+    def reuse_prefix(self, ids) -> int:
+        """Take cached blocks holding a prefix of `ids` (an empty cache); return how many tokens they hold."""
+        return 0
+
+    def register_prefix(self, ids) -> None:
+        """Make the full blocks holding `ids` findable by `reuse_prefix` (kinds that share blocks)."""
+
+    def state_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The committed state as named tensors plus metadata (what `labkit.save_state` writes)."""
+        raise NotImplementedError(f"the {self.kind or type(self).__name__} cache cannot be saved to a file")
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Restore what `state_tensors` returned (into an empty cache of the same shape)."""
+        raise NotImplementedError(f"the {self.kind or type(self).__name__} cache cannot be loaded from a file")
 
     def reorder(self, rows) -> None:
         """Make batch row i a copy of old row `rows[i]` (beam search keeps its surviving beams).
@@ -120,6 +176,7 @@ class KVCache(ABC):
         layer (`Rotary.at` reuses them while the same tensor comes back).
         """
         self.positions_in_pass = torch.arange(start, start + n_new, device=self.device)
+        self.pass_end = start + n_new
         return self.positions_in_pass
 
     def check_rows(self, rows) -> torch.Tensor:
@@ -167,6 +224,29 @@ class KVCache(ABC):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(seq_len={self.seq_len}, max_len={self.max_len}, batch_size={self.batch_size}, "
                 f"dtype={self.dtype}, allocated={self.bytes_allocated() / 2**20:.1f} MiB)")
+
+
+_CAPABILITIES = ("truncate", "reorder", "plan_chunks", "reuse_prefix", "register_prefix", "state_tensors",
+                 "load_state_tensors")
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None,
+              causal: bool = False) -> torch.Tensor:
+    """softmax(q·kᵀ/√D)·v for q [B, T, H, D] over keys, values [B, Hkv, S, D]: returns [B·T, H·D].
+
+    Query head h reads KV head h // (H / Hkv) (grouped-query attention). `mask`: None (every
+    query sees every key) or bool [T, S]; `causal`: the T queries are the S keys themselves.
+    One query that sees every key (a decode step) takes the GQA trick: the g = H / Hkv query
+    heads of a group become g rows against one KV head, so no key or value is ever copied.
+    """
+    B, T, H, D = q.shape
+    Hkv = keys.shape[1]
+    if T == 1 and mask is None:
+        out = F.scaled_dot_product_attention(q.view(B, Hkv, H // Hkv, D), keys, values)  # [B, Hkv, g, D]
+        return out.reshape(B, H * D)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal,
+                                         enable_gqa=H != Hkv)  # [B, H, T, D]
+    return out.transpose(1, 2).reshape(B * T, H * D)
 
 
 @contextmanager

@@ -103,6 +103,8 @@ class PagedBatch(KVCache):
     With `last_only=True` the model returns the logits of each row's last token, [1, rows, V].
     """
 
+    packed = True
+
     def __init__(self, config, *, num_blocks: int, block_size: int = 16, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu"):
         super().__init__(config, max_len=config.max_seq_len, batch_size=1, dtype=dtype, device=device)
@@ -188,20 +190,21 @@ class PagedBatch(KVCache):
                 p["prefill"].append((i, token_start[i], n, ends[i], causal_mask(n, ends[i], dev)))
         self._pass, self._n_new = p, n_new
         self.positions_in_pass = positions
+        self.pass_end = max(ends)
         return positions
 
     def update(self, layer, k, v, rope):
         raise RuntimeError("a PagedBatch runs attention itself: the model calls attend(), not update()")
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> torch.Tensor:
-        """Store this pass's keys/values and attend each sequence over its own: q [1, Hq, N, D] -> [1, Hq, N, D]."""
+        """Store this pass's keys/values, attend each sequence over its own: q [1, N, Hq, D] -> [N, Hq·D]."""
         p = self._pass
         keys, values = self.keys[layer], self.values[layer]  # [num_blocks, bs, Hkv, D]
-        k = rope(k, self.positions_in_pass)
-        H, D = k.shape[1], k.shape[3]
+        H, D = k.shape[2], k.shape[3]
         blocks, offsets = p["write"]
-        keys[blocks, offsets] = k[0].transpose(0, 1)  # [N, Hkv, D], one row per token
-        values[blocks, offsets] = v[0].transpose(0, 1)
+        keys[blocks, offsets] = k[0]  # [N, Hkv, D], one row per token; keys arrive rotated (rotate_new_keys)
+        values[blocks, offsets] = v[0]
+        q = q.transpose(1, 2)  # [1, Hq, N, D]
         out = torch.empty_like(q)
         Hq = q.shape[1]
         if p["decode"] is not None:
@@ -216,7 +219,7 @@ class PagedBatch(KVCache):
             kp, vp = (self._gather(store, table)[:, :, :end] for store in (keys, values))  # [1, Hkv, end, D]
             out[:, :, start:start + n] = F.scaled_dot_product_attention(
                 q[:, :, start:start + n], kp, vp, attn_mask=mask, enable_gqa=Hq != H)
-        return out
+        return out.transpose(1, 2).reshape(-1, Hq * D)
 
     @staticmethod
     def _gather(store: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,9 @@
 As in gpt-fast's `KVCache`: keys and values live in `[B, n_kv_heads, max_len, head_dim]`
 buffers allocated once; token t is written at slot t. Keys are rotated once, at their
 absolute position, when they arrive, and never touched again, so a decode step costs
-one small copy per layer and returns views (no allocation, no re-rotation).
+one small copy per layer and returns views (no allocation, no re-rotation). The model
+hands over keys already rotated (`rotate_new_keys`), so a step's update is two
+`index_copy_` calls and two slices.
 
     >>> from labkit.model import ModelConfig
     >>> cfg = ModelConfig(d_model=8, n_layers=1, n_heads=2, vocab_size=10, ffn_dim=8)
@@ -28,8 +30,13 @@ class ContiguousCache(KVCache):
         shape = (config.n_layers, self.batch_size, config.n_kv_heads, self.max_len, config.head_dim)
         self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._views()
         self._len = 0
         self._mask = None
+
+    def _views(self) -> None:
+        """One [B, n_kv_heads, max_len, head_dim] view per layer (indexing the 5-D buffers costs a call per step)."""
+        self._layers = [(self.keys[i], self.values[i]) for i in range(self.config.n_layers)]
 
     @property
     def seq_len(self) -> int:
@@ -45,10 +52,12 @@ class ContiguousCache(KVCache):
     def update(self, layer, k, v, rope):
         if layer == 0:
             self.check_kv(layer, k, v)
-        start, end = self._len, self._len + self._n_new
-        self.keys[layer, :, :, start:end] = rope(k, self.positions_in_pass)  # rotated once, stored rotated
-        self.values[layer, :, :, start:end] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end], self._mask
+        # [B, n_kv_heads, max_len, head_dim] each: views kept from the start, or fresh ones when autograd records
+        keys, values = (self.keys[layer], self.values[layer]) if torch.is_grad_enabled() else self._layers[layer]
+        keys.index_copy_(2, self.positions_in_pass, k)  # slots = positions; keys arrive rotated, stored rotated
+        values.index_copy_(2, self.positions_in_pass, v)
+        end = self.pass_end
+        return keys[:, :, :end], values[:, :, :end], self._mask
 
     def end(self) -> None:
         if self._n_new is None:
@@ -66,6 +75,7 @@ class ContiguousCache(KVCache):
         rows = self.check_rows(rows)
         self.keys = self.keys.index_select(1, rows)
         self.values = self.values.index_select(1, rows)
+        self._views()
         self.batch_size = rows.numel()
 
     def truncate(self, n: int) -> None:
@@ -73,6 +83,21 @@ class ContiguousCache(KVCache):
         if not 0 <= n <= self._len:
             raise ValueError(f"n must be in [0, {self._len}], got {n}")
         self._len = n
+
+    def state_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
+        n = self._len  # rotated keys and values at slots 0..n-1
+        return {"keys": self.keys[:, :, :, :n], "values": self.values[:, :, :, :n]}, {"seq_len": n}
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        n = int(meta["seq_len"])
+        if n > self.max_len:
+            raise ValueError(f"the saved state holds {n} tokens, more than this cache's max_len={self.max_len}")
+        self.keys[:, :, :, :n] = tensors["keys"]
+        self.values[:, :, :, :n] = tensors["values"]
+        self._len = n
+
+    def options(self) -> dict:
+        return {"max_len": self.max_len, "batch_size": self.batch_size}
 
     def bytes_allocated(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()

@@ -190,8 +190,7 @@ class PagedCache(KVCache):
             self.check_kv(layer, k, v)
         end = self._len + self._n_new
         blocks, offsets = self._write
-        k = rope(k, self.positions_in_pass)
-        H, D = k.shape[1], k.shape[3]
+        H, D = k.shape[1], k.shape[3]  # k arrives rotated (rotate_new_keys)
         # [B, H, n_new, D] -> [B·n_new, H, D]: one row per token, written at (block, :, offset)
         self.pool.keys[layer][blocks, :, offsets] = k.transpose(1, 2).reshape(-1, H, D)
         self.pool.values[layer][blocks, :, offsets] = v.transpose(1, 2).reshape(-1, H, D)

@@ -94,7 +94,7 @@ class QuantizedCache(KVCache):
     def update(self, layer, k, v, rope):
         if layer == 0:
             self.check_kv(layer, k, v)
-        k = rope(k, self.positions_in_pass)  # KIVI: keys post-RoPE
+        # KIVI quantizes keys post-RoPE: they arrive rotated (rotate_new_keys)
         old_k, old_v = self._cached(layer)
         self._pending[layer] = (k, v)  # stored at end(), so a failed pass leaves the cache as it was
         return torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2), self._mask

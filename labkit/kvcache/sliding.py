@@ -44,6 +44,7 @@ class SlidingCache(KVCache):
     """
 
     kind = "sliding"
+    rotate_new_keys = False  # keys are stored raw and rotated by their slot at every read
 
     def __init__(self, config, *, window: int | None = None, sinks: int = 4, **opts):
         super().__init__(config, **opts)
@@ -113,6 +114,7 @@ class SlidingCache(KVCache):
         end = self._len + n_new
         self._kept[self._len:end] = torch.arange(self._seen, self._seen + n_new)
         self._mask = causal_mask(n_new, end, self.device)
+        self.pass_end = end
         return self._slots[self._len:end]
 
     def _evict(self, keep_recent: int) -> None:

@@ -70,7 +70,7 @@ class Rotary:
         self._tables64 = (torch.polar(torch.ones_like(theta), theta) if layout == "interleaved"
                           else (torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)))
         self._tables: dict[torch.dtype, object] = {}
-        self._gathered = (None, None, None)  # (positions, dtype, tables at those positions)
+        self._gathered = (None, None, None)  # (positions, (dtype, token_major), tables at those positions)
         self.tables(dtype)
 
     def tables(self, dtype: torch.dtype):
@@ -82,27 +82,39 @@ class Rotary:
                 self._tables[dtype] = tuple(t.to(dtype) for t in self._tables64)
         return self._tables[dtype]
 
-    def at(self, positions: torch.Tensor, dtype: torch.dtype):
+    def at(self, positions: torch.Tensor, dtype: torch.dtype, token_major: bool = False):
         """The tables gathered at `positions` (complex [T, head_dim/2], or (cos, sin) [T, head_dim]).
 
-        A forward pass rotates the queries and keys of every layer at the same positions
-        tensor, so the gather is done once and reused while the same tensor object comes
-        back (positions tensors are never modified in place).
+        `token_major`: shaped [T, 1, ...] to broadcast over [B, T, heads, head_dim] inputs. A
+        forward pass rotates the queries and keys of every layer at the same positions tensor,
+        so the gather is done once and reused while the same tensor object comes back
+        (positions tensors are never modified in place).
         """
-        last_positions, last_dtype, gathered = self._gathered
-        if positions is not last_positions or dtype != last_dtype:
+        key = (dtype, token_major)
+        last_positions, last_key, gathered = self._gathered
+        if positions is not last_positions or key != last_key:
             tables = self.tables(dtype)
             gathered = tables[positions] if self.layout == "interleaved" else tuple(t[positions] for t in tables)
-            self._gathered = (positions, dtype, gathered)
+            if token_major:
+                gathered = gathered[:, None] if self.layout == "interleaved" else tuple(t[:, None] for t in gathered)
+            self._gathered = (positions, key, gathered)
         return gathered
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [B, H, T, head_dim] rotated to `positions` [T]."""
+        return self._rotate(x, self.at(positions, x.dtype))
+
+    def rotate_tokens(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [B, T, heads, head_dim] (token-major, as a projection makes them) rotated to `positions` [T]."""
+        return self._rotate(x, self.at(positions, x.dtype, token_major=True))
+
+    def _rotate(self, x: torch.Tensor, tables) -> torch.Tensor:
         if self.layout == "interleaved":
             work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-            pairs = work.reshape(*x.shape[:-1], -1, 2)  # [B, H, T, head_dim/2, 2]
-            rotated = torch.view_as_complex(pairs) * self.at(positions, x.dtype)  # [B, H, T, head_dim/2]
-            return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
-        cos, sin = self.at(positions, x.dtype)  # [T, head_dim] each
+            pairs = work.unflatten(-1, (-1, 2))  # [..., head_dim/2, 2]
+            rotated = torch.view_as_real(torch.view_as_complex(pairs) * tables).flatten(-2)  # [..., head_dim]
+            return rotated if rotated.dtype == x.dtype else rotated.to(x.dtype)
+        cos, sin = tables  # [.., head_dim] each
         half = self.head_dim // 2
         rotated_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated_half * sin

@@ -9,8 +9,15 @@ Batch-1 decoding is a stream of matrix-vector products, so three layout choices 
 fast without changing the maths: the Q, K and V projections are one matrix (`wqkv`) and
 the gate and up projections another (`w_gate_up`), each read in a single product; and a
 loaded model stores its weights column-major (`Transformer.column_major_`), the order in
-which the BLAS streams them fastest, and which lets `linear` hand each thread one contiguous
-slab of it.
+which the BLAS streams them fastest.
+
+A decode step is also some three thousand operator calls, and on a laptop CPU their fixed
+cost is a good part of the step (`labkit bench --only step`). The inference path is kept
+lean for that: the hidden state stays [B·T, d_model] from the embedding to the LM head (no
+3-D views), each product is one `torch.mm` on a kept view of Wᵀ (`labkit.model.kernels`),
+q and k heads are rotated in one call, the cache writes with `index_copy_`, and nothing in
+a step reads a tensor back into Python (`Transformer.step`: ids are checked once, by
+`forward`). Training (gradients on) takes the plain calls; the numbers are the same.
 
     >>> cfg = ModelConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64)
     >>> model = Transformer(cfg)
@@ -28,71 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.kvcache.base import forward_pass, new_cache as _new_cache
+from labkit.kvcache.base import attention, forward_pass, new_cache as _new_cache
 from labkit.model.config import ModelConfig
+from labkit.model.kernels import Linear, RMSNorm, linear, transposed
 from labkit.model.rope import Rotary
 
 __all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer", "attention_probs"]
-
-
-# Split one-token products across threads (see `linear`): None (the default) splits whenever torch
-# uses more than one thread; False keeps every product on one core. On a machine whose cores are
-# busy with other programs every parallel region waits for a descheduled thread, the split ones and
-# torch's own alike: there `torch.set_num_threads(1)` decodes fastest (measured here with one of two
-# cores kept busy: 12.4 tok/s on one thread, 4.5 tok/s on two).
-SPLIT_MATVEC: bool | None = None
-SPLIT_MAX_TOKENS = 16  # up to this many tokens per product take the split (measured: beyond, F.linear is as fast)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T, with products over a few tokens spread over all of torch's threads.
-
-    At batch 1 a decode step is a matrix-vector product per weight, and the BLAS runs it on
-    one core, which streams the weights at one core's share of the memory bandwidth. For a
-    column-major weight ([out, in] whose transpose Wᵀ [in, out] is contiguous, see
-    `Transformer.column_major_`) the input features are cut into one slab of rows of Wᵀ per
-    thread: every slab is one contiguous piece of memory, the slabs run as one batched product
-    (`torch.bmm`, one core per slab), and their partial sums are added. Same arithmetic, in a
-    different order of additions (results agree to rounding). The same split serves up to
-    `SPLIT_MAX_TOKENS` tokens at once (a speculative verification pass, a short prompt), where
-    the BLAS's own small-matrix path is slower still; longer inputs go to `F.linear`.
-    """
-    n_split = torch.get_num_threads()
-    out_features, in_features = weight.shape
-    split = n_split > 1 and (SPLIT_MATVEC is None or SPLIT_MATVEC)
-    tokens = x.numel() // in_features
-    if split and tokens <= SPLIT_MAX_TOKENS and weight.stride(0) == 1 and in_features % n_split == 0:
-        slabs = weight.t().view(n_split, in_features // n_split, out_features)  # [n_split, in/n_split, out]
-        pieces = x.reshape(tokens, n_split, in_features // n_split).transpose(0, 1)  # [n_split, tokens, in/n_split]
-        partial = torch.bmm(pieces, slabs)  # [n_split, tokens, out]
-        return partial.sum(0).view(*x.shape[:-1], out_features)
-    return F.linear(x, weight)
-
-
-class Linear(nn.Linear):
-    """`nn.Linear` without bias whose forward is `linear` (a thread-parallel matrix-vector product at batch 1)."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
-
-
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) · weight, over the last dimension (no mean subtraction, no bias)."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == x.shape[-1] and x.dtype == torch.float32:
-            # one decode token: a dot product costs far less than the general reduction kernel
-            flat = x.reshape(-1)
-            return x * (torch.rsqrt(torch.dot(flat, flat).div_(flat.numel()).add_(self.eps)) * self.weight)
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -114,32 +62,23 @@ class Attention(nn.Module):
         """Views of Wq, Wk, Wv inside the fused matrix, each [out_features, d_model]."""
         return self.wqkv.weight.split(self.split, dim=0)
 
-    def forward(self, x: torch.Tensor, rope: Rotary, positions: torch.Tensor, cache=None) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.wqkv(x).split(self.split, dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, n_heads, T, head_dim]
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, n_kv_heads, T, head_dim]
-        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, n_kv_heads, T, head_dim]
-        q = rope(q, positions)
-        if hasattr(cache, "attend"):  # many sequences packed in one row: the cache attends per sequence
-            out = cache.attend(self.layer, q, k, v, rope)  # [1, n_heads, T, head_dim] (labkit.kvcache.batch)
-            return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+    def forward(self, x: torch.Tensor, rope: Rotary, positions: torch.Tensor, cache=None, batch: int = 1) -> torch.Tensor:
+        """x [N, d_model] holds `batch` rows of N / batch tokens each (or x [B, T, d_model]); returns x's shape."""
+        if x.dim() == 3:
+            return self.forward(x.reshape(-1, x.shape[-1]), rope, positions, cache, x.shape[0]).view(x.shape)
+        H, Hkv = self.n_heads, self.n_kv_heads
+        T = x.shape[0] // batch
+        qkv = self.wqkv(x).view(batch, T, H + 2 * Hkv, self.head_dim)  # [B, T, H + 2·Hkv, head_dim]: q, k, v heads
+        v = qkv[:, :, H + Hkv:]  # [B, T, Hkv, head_dim]
+        if cache is None or cache.rotate_new_keys:
+            qk = rope.rotate_tokens(qkv[:, :, :H + Hkv], positions)  # q and k heads rotated in one call
+            q, k = qk[:, :, :H], qk[:, :, H:]
+        else:  # the cache rotates keys itself (by slot, at read time)
+            q, k = rope.rotate_tokens(qkv[:, :, :H], positions), qkv[:, :, H:H + Hkv]
         if cache is None:
-            k, mask = rope(k, positions), None
-            causal = T > 1
+            out = attention(q, k.transpose(1, 2), v.transpose(1, 2), causal=T > 1)  # [B·T, H·head_dim]
         else:
-            k, v, mask = cache.update(self.layer, k, v, rope)  # k, v: [B, n_kv_heads, n_keys, head_dim]
-            causal = False
-        if mask is None and not causal and self.n_heads != self.n_kv_heads and T == 1:
-            # one query per head that sees every key: the g query heads of a group become g
-            # "rows" of one KV head, so no key or value is ever copied
-            g = self.n_heads // self.n_kv_heads
-            q = q.reshape(B, self.n_kv_heads, g, self.head_dim)  # [B, n_kv_heads, g, head_dim]
-            out = F.scaled_dot_product_attention(q, k, v)  # [B, n_kv_heads, g, head_dim]
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                                 enable_gqa=self.n_heads != self.n_kv_heads)
-        out = out.reshape(B, self.n_heads, T, self.head_dim).transpose(1, 2).reshape(B, T, -1)  # [B, T, n_heads·head_dim]
+            out = cache.attend(self.layer, q, k, v, rope)  # [B·T, H·head_dim]
         return self.wo(out)
 
 
@@ -153,7 +92,8 @@ class SwiGLU(nn.Module):
         self.w_down = Linear(config.ffn_dim, config.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_gate_up(x).split(self.ffn_dim, dim=-1)  # [B, T, ffn_dim] each
+        gate_up = self.w_gate_up(x)  # [..., 2·ffn_dim]
+        gate, up = gate_up[..., :self.ffn_dim], gate_up[..., self.ffn_dim:]
         return self.w_down(F.silu(gate).mul_(up))
 
 
@@ -167,8 +107,11 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = SwiGLU(config)
 
-    def forward(self, x, rope, positions, cache=None):
-        x = x + self.attn(self.attn_norm(x), rope, positions, cache)
+    def forward(self, x, rope, positions, cache=None, batch: int | None = None):
+        """x [N, d_model] (`batch` rows of tokens) or [B, T, d_model]; returns the same shape."""
+        if x.dim() == 3:
+            return self.forward(x.reshape(-1, x.shape[-1]), rope, positions, cache, x.shape[0]).view(x.shape)
+        x = x + self.attn(self.attn_norm(x), rope, positions, cache, batch or 1)
         return x + self.mlp(self.ffn_norm(x))
 
 
@@ -187,6 +130,8 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size)
         self._rope = None
+        self._head_t = None  # (weight, Wᵀ) of the tied head, a view (see `head`)
+        self._split = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -250,11 +195,21 @@ class Transformer(nn.Module):
 
         `n_layers`: exit early, after the first n_layers blocks, into the final norm and LM head
         (self-speculative drafting); the cache then gets keys and values for those layers only.
+        Checks the ids (`check_ids`), then runs `step`.
         """
         self.check_ids(ids)
-        depth = len(self.layers) if n_layers is None else n_layers
-        if not isinstance(depth, int) or not 1 <= depth <= len(self.layers):
-            raise ValueError(f"n_layers must be an integer in [1, {len(self.layers)}], got {n_layers!r}")
+        return self.step(ids, cache, last_only, n_layers)
+
+    def step(self, ids: torch.Tensor, cache=None, last_only: bool = False, n_layers: int | None = None) -> torch.Tensor:
+        """`forward` without looking at the ids' values: for loops that feed back tokens the model chose.
+
+        Reading the ids' range costs two reductions and two reads back to Python a pass; a
+        decode loop validates its prompt once (`check_ids`) and every later token comes out of
+        this model's own vocabulary. Everything else is checked here with Python numbers only.
+        The hidden state stays [B·T, d_model] from the embedding to the LM head.
+        """
+        if n_layers is not None and (not isinstance(n_layers, int) or not 1 <= n_layers <= self.n_blocks):
+            raise ValueError(f"n_layers must be an integer in [1, {self.n_blocks}], got {n_layers!r}")
         B, T = ids.shape
         if cache is None and T > self.config.max_seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the context window of "
@@ -262,17 +217,54 @@ class Transformer(nn.Module):
         if cache is not None and B != cache.batch_size:
             raise ValueError(f"ids have batch size {B} but the cache was made for batch_size={cache.batch_size}")
         with forward_pass(cache, T, ids.device) as positions:
-            if cache is not None and int(positions[-1]) >= self.config.max_seq_len:
-                raise ValueError(f"sequence of {int(positions[-1]) + 1} tokens is longer than the context window "
+            if cache is not None and cache.pass_end > self.config.max_seq_len:
+                raise ValueError(f"sequence of {cache.pass_end} tokens is longer than the context window "
                                  f"of {self.config.max_seq_len} tokens")
             rope = self.rope
-            x = self.tok_embeddings(ids)  # [B, T, d_model]
-            for block in self.layers[:depth]:
-                x = block(x, rope, positions, cache)
-            if last_only:  # a packed batch keeps each of its rows' last token
-                x = x[:, cache.last_index] if hasattr(cache, "last_index") else x[:, -1:]
+            x = self.embed(ids.reshape(-1))  # [B·T, d_model]
+            for block in self.layers if n_layers is None else self.layers[:n_layers]:
+                x = block(x, rope, positions, cache, B)
+            if last_only and T > 1:  # a packed batch keeps each of its rows' last token
+                x = x.index_select(0, cache.last_index) if cache is not None and cache.packed else x.view(B, T, -1)[:, -1]
             h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
-            return linear(h, self.tok_embeddings.weight) if self.lm_head is None else self.lm_head(h)  # [B, T, V]
+            logits = self.head(h)  # [B·T', V]
+            return logits.view(B, -1, logits.shape[-1])  # [B, T, V]
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.layers)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [N, d_model] for ids [N] (one gather; the module call when training)."""
+        if torch.is_grad_enabled():
+            return self.tok_embeddings(ids)
+        return self.tok_embeddings.weight.index_select(0, ids)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V] for final hidden states [N, d_model]: the LM head, or the tied embedding."""
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        if self.split_matvec or torch.is_grad_enabled():
+            return linear(h, self.tok_embeddings.weight, self.split_matvec)
+        self._head_t = transposed(self.tok_embeddings.weight, self._head_t)
+        return torch.mm(h, self._head_t[1])
+
+    @property
+    def split_matvec(self) -> bool:
+        """Whether products over a few tokens are split over threads by hand (see `linear`); off by default.
+
+        A model setting: `model.split_matvec = True` sets it on every `Linear` of the model.
+        """
+        return self._split
+
+    @split_matvec.setter
+    def split_matvec(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"split_matvec must be True or False, got {value!r}")
+        self._split = value
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.split = value
 
 
 @torch.inference_mode()

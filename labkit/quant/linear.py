@@ -113,16 +113,17 @@ class QuantLinear(nn.Module):
         return self.out_features * self.in_features * self.bits // 8 + self.qt.scale.numel() * 2 * per_group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
         if self.reference or (self.act_dtype == torch.float32 and x2.shape[0] > 1):
             y = x2.float() @ dequantize(self.qt).t()
-        elif self.bits == 8:
-            y = torch._weight_int8pack_mm(x2.to(self.act_dtype).contiguous(), self.codes, self.scales)
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(self.act_dtype).contiguous(), self.codes,
-                                                           self.group_size, self.scales)
-        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+            a = x2 if x2.dtype == self.act_dtype else x2.to(self.act_dtype)
+            if self.bits == 8:
+                y = torch._weight_int8pack_mm(a.contiguous(), self.codes, self.scales)
+            else:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(a.contiguous(), self.codes, self.group_size, self.scales)
+        y = y if y.dtype == x.dtype else y.to(x.dtype)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         kind = "reference" if self.reference else "packed kernel"

@@ -106,6 +106,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no penalty: the raw logits' argmax (no processor can change it)."""
+        return self.greedy and self.repetition_penalty == 1.0 and not (self.frequency_penalty or self.presence_penalty)
+
     @classmethod
     def from_kwargs(cls, params: "SamplingParams | None" = None, **kwargs) -> "SamplingParams":
         """Build from keyword arguments; None means "the default" (or the value in `params`).
@@ -239,24 +244,37 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     return torch.Generator().manual_seed(int(seed))
 
 
-def sample_next(logits, history=None, params: SamplingParams | None = None, generator: torch.Generator | None = None, **kwargs):
+def sample_next(logits, history=None, params: SamplingParams | None = None, generator: torch.Generator | None = None,
+                return_probs: bool = False, **kwargs):
     """Pick the next token: argmax (lowest id on ties) when temperature == 0, otherwise a draw
     from the softmax of the processed logits with `torch.multinomial(generator=generator)`.
 
-    Returns an int for logits `[V]`, a LongTensor `[B]` for logits `[B, V]`.
+    Returns an int for logits `[V]`, a LongTensor `[B]` for logits `[B, V]`; with
+    `return_probs`, `(token, probs)` where probs is the distribution drawn from (None when
+    greedy): what a speculative drafter hands to verification. The one token chooser of the
+    lab: decoding, the serving engine, speculative decoding and its drafters all call it.
+    Plain greedy on one row is one `max` and one read back (a decode step's whole choice).
 
     >>> l = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
     >>> sample_next(l, [], temperature=1.0, top_k=1, generator=make_generator(0))
     0
     """
     params = SamplingParams.from_kwargs(params, **kwargs)
+    if params.plain_greedy and isinstance(logits, torch.Tensor) and logits.dim() == 1 and logits.is_floating_point():
+        value, index = logits.max(0)  # the first maximum: lowest id on ties; NaN wins if there is one
+        if not -math.inf < value.item() < math.inf:
+            _check_logits(logits)  # raises, naming NaN, +inf or an all -inf row
+        return (index.item(), None) if return_probs else index.item()
     processed = process_logits(logits, history, params)
     x = processed.unsqueeze(0) if processed.dim() == 1 else processed
+    probs = None
     if params.greedy:
         ids = torch.argmax(x, dim=-1)
     else:
         probs = torch.softmax(x, dim=-1)
-        if generator is not None and generator.device != probs.device:
-            probs = probs.to(generator.device)
-        ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(x.device)
-    return int(ids[0]) if processed.dim() == 1 else ids
+        draw = probs if generator is None or generator.device == probs.device else probs.to(generator.device)
+        ids = torch.multinomial(draw, 1, generator=generator).squeeze(-1).to(x.device)
+    token = int(ids[0]) if processed.dim() == 1 else ids
+    if not return_probs:
+        return token
+    return token, (None if probs is None else probs[0] if processed.dim() == 1 else probs)

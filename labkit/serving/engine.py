@@ -131,13 +131,12 @@ class Engine:
                 raise ValueError("the model produced NaN logits; refusing to sample")
         except Exception as exc:
             raise PassFailed([req for req, _ in rows], exc) from exc
-        argmax = logits.argmax(-1).tolist()  # greedy rows all at once (lowest id on ties, as sample_next)
         end = now + (time.perf_counter() - t0) if clock is None else clock()
-        for (req, n), row_logits, best in zip(rows, logits, argmax):
+        for (req, n), row_logits in zip(rows, logits.float()):
             if not req.advance(n, len(self.steps)):
                 continue  # a prompt chunk: no token yet
             try:
-                token = self._choose(req, row_logits, best)
+                token = self._choose(req, row_logits)
             except (ValueError, RuntimeError) as exc:  # this request's parameters: it fails alone
                 self.abort(req, "rejected", f"sampling failed: {exc}", end)
                 continue
@@ -154,13 +153,11 @@ class Engine:
         return step
 
     @staticmethod
-    def _choose(req: Request, row_logits: torch.Tensor, best: int) -> int:
-        p = req.params
-        plain = p.greedy and p.repetition_penalty == 1.0 and not (p.frequency_penalty or p.presence_penalty)
+    def _choose(req: Request, row_logits: torch.Tensor) -> int:
         if req.constraint is None:
-            return best if plain else sample_next(row_logits.float(), req.penalty_history, p, req.generator)
-        masked = req.constraint.apply(row_logits.float())  # the format's mask comes before every other processor
-        token = int(masked.argmax()) if plain else sample_next(masked, req.penalty_history, p, req.generator)
+            return sample_next(row_logits, req.penalty_history, req.params, req.generator)
+        masked = req.constraint.apply(row_logits)  # the format's mask comes before every other processor
+        token = sample_next(masked, req.penalty_history, req.params, req.generator)
         req.constraint.advance(token)
         return token
 

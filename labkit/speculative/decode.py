@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labkit.sampling import SamplingParams, make_generator, process_logits
+from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
 from labkit.speculative.drafters import DraftModel
 from labkit.speculative.verify import accept_greedy, accept_sampled
 
@@ -204,7 +204,4 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
 
 
 def _pick(logits: torch.Tensor, history: list[int], params: SamplingParams, gen) -> int:
-    processed = process_logits(logits, history, params)
-    if params.greedy:
-        return int(torch.argmax(processed))
-    return int(torch.multinomial(torch.softmax(processed, -1), 1, generator=gen))
+    return sample_next(logits, history, params, gen)

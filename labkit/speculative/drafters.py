@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.sampling import SamplingParams, process_logits
+from labkit.sampling import SamplingParams, sample_next
 
 __all__ = ["DraftModel", "PromptLookup", "LayerSkip"]
 
@@ -38,12 +38,8 @@ def _draw(next_logits, history: list[int], gamma: int, params: SamplingParams, g
     """γ tokens, each from the sampler pipeline applied to `next_logits(seq)`: (tokens, q [γ, V] or None if greedy)."""
     seq, tokens, probs = list(history), [], []
     for _ in range(gamma):
-        logits = process_logits(next_logits(seq), seq, params)
-        if params.greedy:
-            x = int(torch.argmax(logits))
-        else:
-            q = torch.softmax(logits, dim=-1)
-            x = int(torch.multinomial(q, 1, generator=generator))
+        x, q = sample_next(next_logits(seq), seq, params, generator, return_probs=True)
+        if q is not None:
             probs.append(q)
         tokens.append(x)
         seq.append(x)
@@ -108,7 +104,7 @@ class LayerSkip:
 
     def attach(self, cache) -> None:
         """Use the target's cache, which holds every token of the history but the last."""
-        if not hasattr(cache, "truncate"):
+        if not cache.supports("truncate"):
             raise ValueError(f"LayerSkip drafts on the target's cache and rolls it back; a {cache.kind} cache cannot")
         self.cache = cache
 

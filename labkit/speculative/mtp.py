@@ -100,7 +100,7 @@ class MTPDrafter:
         self._start = 0 if cache is None else cache.seq_len
 
     def _capture(self, module, args, output) -> None:
-        self._hidden = output[0].detach()
+        self._hidden = (output[0] if output.dim() == 3 else output).detach()  # [T, d] of batch row 0 (the model's blocks run on [B·T, d])
 
     def close(self) -> None:
         """Remove the hooks from the target (the drafter cannot be used afterwards)."""

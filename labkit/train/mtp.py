@@ -80,7 +80,7 @@ def generate_conversations(model, tok, prompts: list[str], max_new_tokens: int =
 def features(model, conversations: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per conversation: (ids [T], the last block's hidden states [T, d], the backbone's greedy next tokens [T])."""
     captured = {}
-    hook = model.layers[-1].register_forward_hook(lambda m, a, out: captured.__setitem__("h", out[0]))
+    hook = model.layers[-1].register_forward_hook(lambda m, a, out: captured.__setitem__("h", out[0] if out.dim() == 3 else out))
     try:
         out = []
         for ids in conversations:
