@@ -107,3 +107,53 @@ def test_sample_next_greedy_is_the_first_maximum_and_refuses_nan():
     token, probs = sample_next(torch.tensor([0.0, 1.0, 2.0]), [], temperature=1.0, generator=g, return_probs=True)
     assert 0 <= token < 3 and torch.allclose(probs, torch.softmax(torch.tensor([0.0, 1.0, 2.0]), -1))
     assert sample_next(torch.tensor([0.0, 1.0, 2.0]), return_probs=True) == (2, None)
+
+
+def test_pass_costs_time_every_k_and_leave_the_prompt_cached():
+    from labkit.generation import profile
+
+    model = _model(2)
+    costs = profile.pass_costs({"a": model, "b": model}, [1, 2, 3], ks=(1, 2, 4), rounds=1, repeat=1)
+    assert set(costs) == {"a", "b"} and all(set(c) == {1, 2, 4} and all(t > 0 for t in c.values()) for c in costs.values())
+    with pytest.raises(ValueError, match="ks must be positive integers"):
+        profile.pass_costs({"a": model}, [1, 2], ks=(0, 1))
+    with pytest.raises(ValueError, match="rounds and repeat"):
+        profile.pass_costs({"a": model}, [1, 2], rounds=0)
+
+
+def test_the_plain_calls_give_the_lean_steps_numbers_in_more_operator_calls():
+    model = _model(2)
+    lean = sum(_step_events(model).values())
+    model.lean_step = False
+    plain = sum(_step_events(model).values())
+    assert not any(m.lean for m in model.modules() if hasattr(m, "lean"))
+    ids = torch.tensor([[4, 8, 15, 16]])
+    with torch.inference_mode():
+        slow = model(ids)
+        model.lean_step = True
+        torch.testing.assert_close(model(ids), slow, rtol=1e-6, atol=1e-6)
+    assert plain > lean + 2 * 40  # F.linear and F.rms_norm: dozens more calls a layer
+    with pytest.raises(TypeError, match="lean_step"):
+        model.lean_step = "yes"
+
+
+def test_step_figures_draw_what_they_are_given():
+    from labkit import viz
+
+    prof = {"plain": {"matmul_ms": 20.0, "other_ms": 9.0, "outside_ms": 5.0, "ops_per_step": 4400},
+            "lean": {"matmul_ms": 20.0, "other_ms": 6.0, "outside_ms": 4.0, "ops_per_step": 2850}}
+    fig = viz.step_split_figure(prof)
+    assert [t.name for t in fig.data] == ["weight products", "other operators", "between them (Python, dispatch)"]
+    assert list(fig.data[1].y) == [9.0, 6.0] and "4400 operator calls" in fig.layout.title.text
+    fig = viz.pass_cost_figure({"float32": {1: 1.0, 4: 1.6}, "bfloat16": {1: 1.0, 4: 1.05}})
+    assert [t.name for t in fig.data][1:] == ["float32", "bfloat16"] and list(fig.data[1].y) == [1.0, 1.6]
+    assert list(fig.data[0].y) == [1.0, 1.0]  # the flat line a weight-streaming pass would follow
+
+
+def test_an_operator_call_costs_microseconds():
+    from labkit.costmodel import measure
+
+    us = measure.operator_call_us(seconds=0.05, calls=200)
+    assert 0.01 < us < 1000
+    with pytest.raises(ValueError, match="seconds must be > 0"):
+        measure.operator_call_us(seconds=0)

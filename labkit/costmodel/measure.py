@@ -67,3 +67,21 @@ def matmul_flops(seconds: float = 1.0, n: int = 1024, dtype: str = "float32") ->
     a = torch.randn(n, n, dtype=getattr(torch, dtype))
     b = torch.randn(n, n, dtype=getattr(torch, dtype))
     return _median_rate(lambda: a @ b, 2.0 * n**3, seconds)
+
+
+def operator_call_us(seconds: float = 0.5, calls: int = 2000) -> float:
+    """Microseconds one small operator call costs from Python: dispatch and bookkeeping, almost no arithmetic.
+
+    Times `calls` in-place adds on an 8-element tensor (one operator each, `torch.profiler` counts
+    one); a decode step of a small model makes thousands of such calls besides its weight products.
+    """
+    import torch
+
+    _check_seconds(seconds)
+    a, b = torch.zeros(8), torch.ones(8)
+
+    def loop():
+        for _ in range(calls):
+            a.add_(b)
+
+    return 1e6 / _median_rate(loop, calls, seconds)

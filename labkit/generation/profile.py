@@ -19,7 +19,7 @@ import torch
 
 from labkit.generation.stages import decode, prefill
 
-__all__ = ["step_profile", "decode_rates", "MATMUL_OPS"]
+__all__ = ["step_profile", "decode_rates", "pass_costs", "MATMUL_OPS"]
 
 # the operators that multiply by a weight matrix: float (BLAS), packed int8/int4
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::_weight_int8pack_mm",
@@ -85,3 +85,34 @@ def decode_rates(models: dict, ids: list[int], n: int = 16, rounds: int = 3) -> 
             decode(m, state, n)
             seconds[name].append(time.perf_counter() - start)
     return {name: n / statistics.median(s) for name, s in seconds.items()}
+
+
+@torch.inference_mode()
+def pass_costs(models: dict, ids: list[int], ks=(1, 2, 3, 4, 6, 8), rounds: int = 5, repeat: int = 3) -> dict[str, dict[int, float]]:
+    """Seconds of one forward pass over k new tokens after the prompt `ids`, for each name → model and k.
+
+    What a speculative verification (k = γ + 1 drafted tokens) or a decode batch of k costs
+    against one decode step: T(k) / T(1) is 1 where a pass only streams the weights. Every
+    pass starts from the same cached prompt (the contiguous cache is truncated back after
+    each), rounds interleave the models and the k's so machine noise hits all alike, and the
+    median per (model, k) of `repeat`-pass means is returned.
+    """
+    ks = list(ks)
+    if not ks or not all(isinstance(k, int) and k >= 1 for k in ks):
+        raise ValueError(f"ks must be positive integers, got {ks!r}")
+    if not isinstance(rounds, int) or rounds < 1 or not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"rounds and repeat must be positive integers, got rounds={rounds!r}, repeat={repeat!r}")
+    states = {name: prefill(m, ids, max_len=len(ids) + max(ks)) for name, m in models.items()}
+    seconds = {name: {k: [] for k in ks} for name in models}
+    for r in range(rounds + 1):  # round 0 warms up every shape
+        for name, m in models.items():
+            cache, base = states[name].cache, len(ids)
+            for k in ks:
+                x = torch.full((1, k), ids[-1], device=m.device)
+                start = time.perf_counter()
+                for _ in range(repeat):
+                    m.step(x, cache=cache)
+                    cache.truncate(base)
+                if r:
+                    seconds[name][k].append((time.perf_counter() - start) / repeat)
+    return {name: {k: statistics.median(v) for k, v in per_k.items()} for name, per_k in seconds.items()}

@@ -64,6 +64,7 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
         self.split = False  # see `linear`; set for a whole model with `Transformer.split_matvec`
+        self.lean = True  # False: `F.linear`, the plain call (`Transformer.lean_step`)
         self._wt = None
 
     def weight_t(self) -> torch.Tensor:
@@ -72,7 +73,7 @@ class Linear(nn.Linear):
         return self._wt[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or self.split or torch.is_grad_enabled():
+        if x.dim() != 2 or self.split or not self.lean or torch.is_grad_enabled():
             return linear(x, self.weight, self.split)
         return torch.mm(x, self.weight_t())  # [N, in] @ [in, out]
 
@@ -85,9 +86,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
         self._constants = None  # (d, eps) as float32 tensors on the input's device, made on first use
+        self.lean = True  # False: `F.rms_norm`, the plain call (`Transformer.lean_step`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or torch.is_grad_enabled():
+        if x.dtype != torch.float32 or not self.lean or torch.is_grad_enabled():
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # the constants as tensors: a Python number costs four operator calls a use (wrapped, then copied)
         if self._constants is None or self._constants[0].device != x.device:

@@ -132,6 +132,7 @@ class Transformer(nn.Module):
         self._rope = None
         self._head_t = None  # (weight, Wᵀ) of the tied head, a view (see `head`)
         self._split = False
+        self._lean = True
 
     @property
     def dtype(self) -> torch.dtype:
@@ -236,7 +237,7 @@ class Transformer(nn.Module):
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [N, d_model] for ids [N] (one gather; the module call when training)."""
-        if torch.is_grad_enabled():
+        if not self._lean or torch.is_grad_enabled():
             return self.tok_embeddings(ids)
         return self.tok_embeddings.weight.index_select(0, ids)
 
@@ -244,10 +245,28 @@ class Transformer(nn.Module):
         """Logits [N, V] for final hidden states [N, d_model]: the LM head, or the tied embedding."""
         if self.lm_head is not None:
             return self.lm_head(h)
-        if self.split_matvec or torch.is_grad_enabled():
+        if self.split_matvec or not self._lean or torch.is_grad_enabled():
             return linear(h, self.tok_embeddings.weight, self.split_matvec)
         self._head_t = transposed(self.tok_embeddings.weight, self._head_t)
         return torch.mm(h, self._head_t[1])
+
+    @property
+    def lean_step(self) -> bool:
+        """Whether inference takes the lean calls (the default) or the plain ones training takes.
+
+        Plain: `F.linear` for every product, `F.rms_norm`, the embedding module: the same numbers
+        in about two thousand more operator calls a SmolLM2 step (chapter 03 measures both).
+        """
+        return self._lean
+
+    @lean_step.setter
+    def lean_step(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"lean_step must be True or False, got {value!r}")
+        self._lean = value
+        for module in self.modules():
+            if isinstance(module, (Linear, RMSNorm)):
+                module.lean = value
 
     @property
     def split_matvec(self) -> bool:

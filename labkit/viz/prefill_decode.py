@@ -13,7 +13,10 @@ from plotly.subplots import make_subplots
 
 from labkit.generation.latency import reply_estimate
 
-__all__ = ["ttft_itl_figure", "reply_time_figure"]
+__all__ = ["ttft_itl_figure", "reply_time_figure", "step_split_figure", "pass_cost_figure"]
+
+_SPLIT = (("matmul_ms", "weight products", "#2a6fbb"), ("other_ms", "other operators", "#e8a33d"),
+          ("outside_ms", "between them (Python, dispatch)", "#9a9a9a"))
 
 
 def ttft_itl_figure(ttft_rows, itl_rows, modelled=None) -> go.Figure:
@@ -66,4 +69,30 @@ def reply_time_figure(ttft_rows, itl_rows, prompt_len: int, reply_len: int, meas
                       xaxis=dict(title="seconds"),
                       title=(f"{prompt_len}-token prompt, {reply_len}-token reply: {est['total_s']:.2f} s, "
                              f"prefill {est['prefill_share']:.0%} of it (ITL {est['itl_s'] * 1e3:.0f} ms)"))
+    return fig
+
+
+def step_split_figure(profiles: dict) -> go.Figure:
+    """Stacked bars, one per name → `step_profile` result: a decode step's ms in products, other operators, between."""
+    names = list(profiles)
+    fig = go.Figure([go.Bar(name=label, x=names, y=[profiles[n][key] for n in names], marker_color=colour,
+                            text=[f"{profiles[n][key]:.1f}" for n in names], textposition="inside")
+                     for key, label, colour in _SPLIT])
+    calls = ", ".join(f"{n}: {profiles[n]['ops_per_step']:.0f} operator calls" for n in names)
+    fig.update_layout(barmode="stack", title=f"One decode step, where the time goes ({calls})", yaxis_title="ms per step",
+                      height=420, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def pass_cost_figure(ratios: dict) -> go.Figure:
+    """T(k) / T(1) against k for each name → {k: ratio}: what a pass over k tokens costs against one decode step."""
+    fig = go.Figure()
+    ks = sorted({k for r in ratios.values() for k in r})
+    fig.add_trace(go.Scatter(x=ks, y=[1.0] * len(ks), name="streaming the weights only (flat)", mode="lines",
+                             line=dict(dash="dot", color="#9a9a9a")))
+    for name, r in ratios.items():
+        fig.add_trace(go.Scatter(x=sorted(r), y=[r[k] for k in sorted(r)], name=name, mode="lines+markers"))
+    fig.update_layout(title="A pass over k tokens against one decode step, measured side by side",
+                      xaxis_title="tokens in the pass (k)", yaxis_title="T(k) / T(1)", height=420,
+                      legend=dict(orientation="h", y=-0.2))
     return fig

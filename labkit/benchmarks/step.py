@@ -1,0 +1,157 @@
+"""One decode step of SmolLM2 in every number format: operator calls, where the time goes, passes over k tokens.
+
+For float32, bfloat16, int8 and int4 (RTN, bf16 activations on the packed kernels) and the
+GGUF file's own Q4_1 blocks:
+
+- operator calls per decode step (`torch.profiler`, nested calls included) and the step's
+  time split into weight products, other operators and what lies between them (Python and
+  dispatch), as `labkit.generation.profile.step_profile` measures it; float32 also with the
+  plain calls (`model.lean_step = False`: `F.linear`, `F.rms_norm`), the same numbers;
+- T(k) / T(1): one pass over k new tokens against one decode step, k = 1..8, interleaved;
+- decode tokens/s and the GB/s they stream (weights + KV cache per token), interleaved
+  rounds, with llama.cpp on the same GGUF file when the `peers` extra is installed and the
+  streaming-read roofline sampled in every round (float32's share of it);
+- not with `--quick`: `torch.compile` of the float32 decode step (compile time, step time
+  against eager), the kernel-fusion route; minutes of compiling.
+
+`labkit bench --only step --json data/step_bench.json` writes the file chapter 03 reads.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+TITLE = "a decode step per format: operator calls, time split, T(k)/T(1), tok/s vs llama.cpp"
+
+PROMPT = "Explain in two sentences why the sky is blue."
+KS = (1, 2, 3, 4, 5, 6, 7, 8)
+
+
+def _formats():
+    """name -> loader of each SmolLM2 variant (loaded one by one: only what runs is in memory)."""
+    import torch
+
+    import labkit
+    from labkit.quant.apply import quantize_model
+
+    def rtn(bits):
+        return lambda: quantize_model(labkit.load("smollm2-135m")[0], bits=bits, group_size=32,
+                                      act_dtype=torch.bfloat16, inplace=True)
+
+    return {"float32": lambda: labkit.load("smollm2-135m")[0],
+            "bfloat16": lambda: labkit.load("smollm2-135m", dtype="bfloat16")[0],
+            "int8": rtn(8), "int4 g32": rtn(4),
+            "Q4_1 (GGUF)": lambda: labkit.load("smollm2-135m", dtype="bfloat16", weights="gguf")[0]}
+
+
+def _bytes_per_token(model, context: int) -> int:
+    from labkit.quant.apply import model_nbytes
+
+    kv = model.config.kv_bytes_per_token(_dtype_bytes(model.dtype)) * context
+    return int(model_nbytes(model) + kv)
+
+
+def _dtype_bytes(dtype) -> int:
+    import torch
+
+    return torch.finfo(dtype).bits // 8
+
+
+def _compile_step(model, ids: list[int], n: int = 8) -> dict:
+    """torch.compile (inductor, default mode) of the one-token step: compile seconds, then ms a step vs eager."""
+    import torch
+
+    from labkit.generation.stages import prefill
+
+    state = prefill(model, ids, max_len=len(ids) + 3 * n + 4)
+    step = torch.compile(model.step)
+    x = torch.tensor([[ids[-1]]])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        step(x, cache=state.cache)  # compiles (and runs) the first step
+        compile_s = time.perf_counter() - start
+        times = {"compiled": [], "eager": []}
+        for _ in range(n):
+            for name, fn in (("compiled", step), ("eager", model.step)):
+                t = time.perf_counter()
+                fn(x, cache=state.cache)
+                times[name].append(time.perf_counter() - t)
+    return {"compile_s": compile_s, **{f"{k}_ms": 1e3 * statistics.median(v) for k, v in times.items()}}
+
+
+def run(quick: bool = False) -> dict:
+    import torch
+
+    import labkit
+    from labkit.benchmarks._peers import llama_cpp_decode, load_llama_cpp
+    from labkit.costmodel import measure
+    from labkit.generation.profile import decode_rates, pass_costs, step_profile
+
+    _, tok = labkit.load("smollm2-135m")
+    ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
+    n, rounds = (16, 3) if quick else (48, 5)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    call_us = measure.operator_call_us()
+    print(f"  torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {len(ids)} tokens, "
+          f"load average {load:.1f}; a small operator call costs {call_us:.2f} µs here")
+    if load > 0.5 * (os.cpu_count() or 1):
+        print("  note: the machine is busy; ratios measured side by side still hold, absolute figures are low")
+    report = {"threads": torch.get_num_threads(), "load_average": load, "prompt_tokens": len(ids), "formats": {},
+              "operator_call_us": call_us}
+    models = {}
+    for name, loader in _formats().items():
+        models[name] = model = loader()
+        prof = step_profile(model, ids, steps=8)
+        row = {k: prof[k] for k in ("step_ms", "matmul_ms", "other_ms", "outside_ms", "ops_per_step")}
+        row["bytes_per_token"] = _bytes_per_token(model, len(ids) + n // 2)
+        report["formats"][name] = row
+        print(f"  {name:12s} {prof['ops_per_step']:5.0f} operator calls a step; {prof['step_ms']:5.1f} ms = products "
+              f"{prof['matmul_ms']:4.1f} + other operators {prof['other_ms']:4.1f} + between them {prof['outside_ms']:4.1f}")
+        if name == "float32":
+            model.lean_step = False
+            plain = step_profile(model, ids, steps=8)
+            model.lean_step = True
+            row["plain_calls"] = {k: plain[k] for k in ("step_ms", "matmul_ms", "other_ms", "outside_ms", "ops_per_step")}
+            print(f"  {'  plain calls':12s} {plain['ops_per_step']:5.0f} operator calls a step; {plain['step_ms']:5.1f} ms "
+                  f"(F.linear, F.rms_norm: the same numbers)")
+    costs = pass_costs(models, ids, KS, rounds=rounds)
+    print("  T(k) / T(1), one pass over k new tokens against one decode step (interleaved):")
+    print("  " + " " * 12 + "".join(f"{'k=' + str(k):>7s}" for k in KS[1:]))
+    for name, per_k in costs.items():
+        report["formats"][name]["pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
+        report["formats"][name]["t_ratio"] = {k: per_k[k] / per_k[1] for k in KS}
+        print(f"  {name:12s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]))
+    roof = [measure.read_bandwidth_gb_s(seconds=0.3)]
+    rates = decode_rates(models, ids, n=n, rounds=rounds)
+    roof.append(measure.read_bandwidth_gb_s(seconds=0.3))
+    llm = load_llama_cpp()
+    if llm is not None:
+        peer = [llama_cpp_decode(llm, ids, n) for _ in range(rounds)]
+        rates["llama.cpp Q4_1"] = 1 / statistics.median(peer)
+        roof.append(measure.read_bandwidth_gb_s(seconds=0.3))
+    report["roofline_gb_s"] = statistics.median(roof)
+    report["tok_s"] = rates
+    print(f"  decode, {n} greedy tokens, {rounds} interleaved rounds; streaming-read roofline "
+          f"{report['roofline_gb_s']:.1f} GB/s (median of {len(roof)} samples)")
+    for name, rate in rates.items():
+        line = f"  {name:16s} {rate:6.1f} tok/s"
+        if name in report["formats"]:
+            gb_s = report["formats"][name]["bytes_per_token"] * rate / 1e9
+            report["formats"][name]["gb_s"] = gb_s
+            line += f"  {gb_s:5.1f} GB/s ({100 * gb_s / report['roofline_gb_s']:3.0f} % of the roofline)"
+        if "llama.cpp Q4_1" in rates and name != "llama.cpp Q4_1":
+            line += f"  {rate / rates['llama.cpp Q4_1']:.2f}x llama.cpp"
+        print(line)
+    if llm is None:
+        print("  llama.cpp: not installed (pip install -e '.[peers]', several minutes of building)")
+    if not quick:
+        print("  torch.compile of the float32 step (inductor; compiling takes minutes) ...", flush=True)
+        try:
+            report["compile"] = _compile_step(models["float32"], ids)
+            c = report["compile"]
+            print(f"  compiled in {c['compile_s']:.0f} s; {c['compiled_ms']:.1f} ms a step compiled, {c['eager_ms']:.1f} ms eager")
+        except Exception as exc:  # a missing compiler, an unsupported op: report it, keep the other figures
+            report["compile"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            print(f"  torch.compile failed: {report['compile']['error']}")
+    return report
