@@ -261,12 +261,7 @@ class Transformer(nn.Module):
 
     @lean_step.setter
     def lean_step(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"lean_step must be True or False, got {value!r}")
-        self._lean = value
-        for module in self.modules():
-            if isinstance(module, (Linear, RMSNorm)):
-                module.lean = value
+        self._lean = self._set_on_modules("lean_step", "lean", value, (Linear, RMSNorm))
 
     @property
     def split_matvec(self) -> bool:
@@ -278,12 +273,15 @@ class Transformer(nn.Module):
 
     @split_matvec.setter
     def split_matvec(self, value: bool) -> None:
+        self._split = self._set_on_modules("split_matvec", "split", value, (Linear,))
+
+    def _set_on_modules(self, setting: str, attr: str, value: bool, kinds: tuple) -> bool:
         if not isinstance(value, bool):
-            raise TypeError(f"split_matvec must be True or False, got {value!r}")
-        self._split = value
+            raise TypeError(f"{setting} must be True or False, got {value!r}")
         for module in self.modules():
-            if isinstance(module, Linear):
-                module.split = value
+            if isinstance(module, kinds):
+                setattr(module, attr, value)
+        return value
 
 
 @torch.inference_mode()
