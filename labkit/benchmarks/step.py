@@ -84,7 +84,7 @@ def run(quick: bool = False) -> dict:
     import torch
 
     import labkit
-    from labkit.benchmarks._peers import llama_cpp_decode, load_llama_cpp
+    from labkit.benchmarks._peers import llama_cpp_decode_isolated
     from labkit.costmodel import measure
     from labkit.generation.profile import decode_rates, pass_costs, step_profile
 
@@ -122,14 +122,18 @@ def run(quick: bool = False) -> dict:
         report["formats"][name]["pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
         report["formats"][name]["t_ratio"] = {k: per_k[k] / per_k[1] for k in KS}
         print(f"  {name:12s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]))
-    roof = [measure.read_bandwidth_gb_s(seconds=0.3)]
-    rates = decode_rates(models, ids, n=n, rounds=rounds)
-    roof.append(measure.read_bandwidth_gb_s(seconds=0.3))
-    llm = load_llama_cpp()
-    if llm is not None:
-        peer = [llama_cpp_decode(llm, ids, n) for _ in range(rounds)]
-        rates["llama.cpp Q4_1"] = 1 / statistics.median(peer)
+    roof, seconds, peer, why = [], {name: [] for name in models}, [], None
+    for _ in range(rounds):  # labkit's formats and llama.cpp (in a child process) in turn, a roofline sample each round
         roof.append(measure.read_bandwidth_gb_s(seconds=0.3))
+        for name, rate in decode_rates(models, ids, n=n, rounds=1).items():
+            seconds[name].append(1 / rate)
+        if why is None:
+            step_s, why = llama_cpp_decode_isolated(ids, n)
+            if step_s is not None:
+                peer.append(step_s)
+    rates = {name: 1 / statistics.median(s) for name, s in seconds.items()}
+    if peer:
+        rates["llama.cpp Q4_1"] = 1 / statistics.median(peer)
     report["roofline_gb_s"] = statistics.median(roof)
     report["tok_s"] = rates
     print(f"  decode, {n} greedy tokens, {rounds} interleaved rounds; streaming-read roofline "
@@ -143,8 +147,9 @@ def run(quick: bool = False) -> dict:
         if "llama.cpp Q4_1" in rates and name != "llama.cpp Q4_1":
             line += f"  {rate / rates['llama.cpp Q4_1']:.2f}x llama.cpp"
         print(line)
-    if llm is None:
-        print("  llama.cpp: not installed (pip install -e '.[peers]', several minutes of building)")
+    if why is not None:
+        report["llama_cpp"] = why
+        print(f"  llama.cpp: {why}")
     if not quick:
         print("  torch.compile of the float32 step (inductor; compiling takes minutes) ...", flush=True)
         try:

@@ -73,13 +73,13 @@ def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts
             kv = model.new_cache(kind, max_len=p + steps + 2, **cache_opts)
             state = prefill(model, filler_ids(p, model.config.vocab_size), cache=kv)
             token = torch.tensor([[int(state.logits.argmax())]])
-            model(token, cache=state.cache)  # warm-up step
+            model.step(token, cache=state.cache)  # warm-up step (the token is the model's own: no id check, as in decode)
             runs.append([p, kind, state.cache, token])
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(steps):
         for run, t in zip(runs, times):
             start = time.perf_counter()
-            logits = model(run[3], cache=run[2], last_only=True)
+            logits = model.step(run[3], cache=run[2], last_only=True)
             run[3] = logits[:, -1].argmax(-1, keepdim=True)
             t.append(time.perf_counter() - start)
     rows = [{"position": p, "itl_s": statistics.median(t)} for (p, *_), t in zip(runs, times)]
@@ -121,7 +121,7 @@ def generate_with_cache(model, ids, n: int, cache="contiguous", times: list | No
         if times is not None:
             times.append(time.perf_counter() - start)
         if i + 1 < n:
-            logits = model(torch.tensor([[token]]), cache=cache)
+            logits = model.step(torch.tensor([[token]]), cache=cache)
     return out
 
 
