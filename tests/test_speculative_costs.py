@@ -57,3 +57,25 @@ def test_checkers_pass_the_reference_and_catch_a_mistake(capsys):
     assert not exercises.check_residual(lambda p, q: (p - q).abs() / (p - q).abs().sum())
     out = capsys.readouterr().out
     assert out.count("[PASS]") == 2 and out.count("[FAIL]") == 2
+
+
+def test_bad_arguments_are_named_not_answered_with_zero(tmp_path):
+    from labkit.speculative import expected_tokens, generate
+    from labkit.speculative.costs import predicted_speedup
+    from labkit.speculative.mtp import load_head
+    from tests.kvcache_shared import tiny
+
+    with pytest.raises(ValueError, match="gamma must be an integer >= 0"):
+        expected_tokens(0.5, -1)
+    with pytest.raises(ValueError, match="gamma must be an integer >= 1"):
+        predicted_speedup(0.6, -1, 0.1)
+    with pytest.raises(ValueError, match=r"t_rel must hold T\(5\)/T\(1\) for gamma=4.*k = \[1, 2\]"):
+        predicted_speedup(0.6, 4, 0.1, t_rel={1: 1.0, 2: 1.1})
+    model = tiny()
+    for draft in (None, "prompt-lookup"):
+        with pytest.raises(TypeError, match="draft must be a draft model .* or a drafter object"):
+            generate(model, draft, None, [1, 2, 3])
+    bad = tmp_path / "head.safetensors"
+    bad.write_text("not a safetensors file")
+    with pytest.raises(ValueError, match="is not a safetensors file holding an MTP head"):
+        load_head(bad, model)

@@ -69,6 +69,11 @@ def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict | None = N
     """S(γ) = E(γ) / (γ·c + T(γ+1)/T(1)); without `t_rel`, T(γ+1) = T(1) as in the paper."""
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+        raise ValueError(f"gamma must be an integer >= 1 (draft tokens per round), got {gamma!r}")
+    if t_rel is not None and gamma + 1 not in t_rel:
+        raise ValueError(f"t_rel must hold T({gamma + 1})/T(1) for gamma={gamma} (a verification pass over "
+                         f"gamma + 1 tokens); it holds k = {sorted(t_rel)}")
     t = 1.0 if t_rel is None else t_rel[gamma + 1]
     return expected_tokens(min(alpha, 0.999), gamma) / (gamma * c + t)
 

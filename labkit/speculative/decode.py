@@ -38,6 +38,8 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     """Tokens one round emits on average when each draft token passes with probability α (independently)."""
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
+        raise ValueError(f"gamma must be an integer >= 0 (draft tokens per round), got {gamma!r}")
     return gamma + 1.0 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
@@ -142,6 +144,10 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     if constrained:
         raise ValueError(f"speculative decoding does not honour constraints ({', '.join(constrained)}): the draft's "
                          "tokens are not masked; use labkit.generate for constrained decoding")
+    if not hasattr(draft, "propose") and not (hasattr(draft, "new_cache") and hasattr(draft, "config")):
+        raise TypeError(f"draft must be a draft model (a labkit Transformer with the target's vocabulary) or a drafter "
+                        f"object (labkit.speculative.PromptLookup(), LayerSkip(target, k), MTPDrafter.from_file(target)), "
+                        f"got {type(draft).__name__} {draft!r}"[:300])
     drafter = draft if hasattr(draft, "propose") else DraftModel(draft)
     _check(target, drafter, gamma, max_new_tokens)
     params = SamplingParams.from_kwargs(None, **sampling)

@@ -174,9 +174,14 @@ def load_head(path, backbone) -> tuple[MTPHead, dict]:
     """Read a head saved by `save_head` for `backbone` (ValueError if its shapes differ)."""
     from safetensors import safe_open
 
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors' own error for a file that is not one
+        raise ValueError(f"{path} is not a safetensors file holding an MTP head ({type(exc).__name__}: {exc})") from exc
+    if "vocab_ids" not in tensors:
+        raise ValueError(f"{path} holds no MTP head (no 'vocab_ids' tensor); heads are written by save_head")
     head = MTPHead(backbone.config, vocab_ids=tensors["vocab_ids"])
     own = head.state_dict()
     bad = [k for k in own if k not in tensors or own[k].shape != tensors[k].shape]
