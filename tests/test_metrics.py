@@ -48,6 +48,7 @@ def test_quality_windows_score_every_position_once():
         scored = [t for _, end, first in metrics.protocol.windows(n, w, s) for t in range(first, end)]
         assert scored == list(range(1, n))
         assert all(end - begin <= w for begin, end, _ in metrics.protocol.windows(n, w, s))
+        assert all(begin < first for begin, _, first in metrics.protocol.windows(n, w, s))  # a prediction needs its input
     with pytest.raises(ValueError, match="window must be an integer >= 2"):
         metrics.protocol.windows(10, 1, 1)
 
@@ -67,3 +68,12 @@ def test_quality_of_the_reference_is_zero_kl_full_agreement_and_its_own_perplexi
     assert worse["kl"] > 1e-4 and worse["nll"] != row["nll"]
     with pytest.raises(ValueError, match="reference holds logits of shape"):
         metrics.quality(model, x[:30], window=16, stride=8, reference=ref)
+
+
+def test_the_default_stride_scores_with_windows_that_begin_before_what_they_score():
+    """stride = window (the default) crashed: a window began at the first position it had to score."""
+    model = tiny().requires_grad_(False)
+    x = ids(60)[0].tolist()
+    assert metrics.protocol.windows(60, 16, 16) == metrics.protocol.windows(60, 16, 15)
+    assert metrics.nll(model, x, window=16) == pytest.approx(metrics.nll(model, x, window=16, stride=15), rel=1e-6)
+    assert metrics.perplexity(model, x, window=16) > 1.0

@@ -27,10 +27,14 @@ def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int
     """(begin, end, first scored position) of each window over a text of `n_tokens` tokens.
 
     Window k covers ids[begin:end] and scores ids[first:end]; together they score every
-    position 1 … n_tokens − 1 exactly once.
+    position 1 … n_tokens − 1 exactly once. A window begins at least one token before the first
+    position it scores (the prediction of ids[first] is made at ids[first − 1]), so a window
+    advances by at most window − 1 tokens even when `stride` equals `window`.
 
     >>> windows(10, 4, 2)
     [(0, 4, 1), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
+    >>> windows(10, 4, 4)
+    [(0, 4, 1), (3, 7, 4), (6, 10, 7)]
     """
     if not isinstance(window, int) or isinstance(window, bool) or window < 2:
         raise ValueError(f"window must be an integer >= 2, got {window!r}")
@@ -45,7 +49,7 @@ def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int
         scored = end
         if end == n_tokens:
             return out
-        end = min(end + stride, n_tokens)
+        end = min(end + stride, scored - 1 + window, n_tokens)
 
 
 @torch.inference_mode()
