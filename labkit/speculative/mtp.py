@@ -27,6 +27,7 @@ from torch import nn
 
 from labkit.kvcache.base import forward_pass, new_cache
 from labkit.model.transformer import Block, RMSNorm, linear
+from labkit.sampling.pipeline import sample_next
 
 __all__ = ["MTPHead", "MTPDrafter", "save_head", "load_head", "head_step_s"]
 
@@ -132,7 +133,7 @@ class MTPDrafter:
         vocab = self.head.vocab_ids
         for i in range(gamma):
             logits = self.head.logits(self.target, out)[0, -1].float()
-            token = int(vocab[int(torch.argmax(logits))])
+            token = int(vocab[sample_next(logits)])  # greedy over the head's vocabulary (first maximum on ties)
             tokens.append(token)
             self.steps += 1
             if i + 1 < gamma:
