@@ -80,10 +80,6 @@ def _cache_state(cache) -> tuple[dict[str, torch.Tensor], dict, dict]:
     return tensors, meta, cache.options()
 
 
-def _fill_cache(cache, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    cache.load_state_tensors(tensors, meta)
-
-
 # ---- the file -----------------------------------------------------------------------
 
 def save_state(state, path: str | Path, model=None) -> Path:
@@ -145,7 +141,7 @@ def load_state(path: str | Path, model):
         tensors = {k: f.get_tensor(k).to(model.device) for k in f.keys()}
     spec = header["cache"]
     cache = model.new_cache(kind=spec["kind"], **spec["options"])
-    _fill_cache(cache, {k[len("cache."):]: v for k, v in tensors.items() if k.startswith("cache.")}, spec["meta"])
+    cache.load_state_tensors({k[len("cache."):]: v for k, v in tensors.items() if k.startswith("cache.")}, spec["meta"])
     if cache.seq_len != header["position"]:
         raise ValueError(f"{path}: the cache holds {cache.seq_len} tokens but the state's position is {header['position']}")
     rng = tensors.get("rng_state")

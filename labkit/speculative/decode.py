@@ -160,7 +160,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     if hasattr(drafter, "attach"):
         drafter.attach(cache)
     logits = target(torch.tensor([ids]), cache=cache, last_only=True)[0, -1].float()
-    first = _pick(logits, ids, params, gen)
+    first = sample_next(logits, ids, params, gen)
     history, out = ids + [first], [first]
     proposed, accepted, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1  # per draft position
     tested = 0
@@ -207,7 +207,3 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
         plain = plain_generate(target, tok, ids, max_new_tokens=max_new_tokens, seed=seed, params=params)
         result.plain = {"token_ids": plain.token_ids, "wall_s": plain.total_s, "same_tokens": plain.token_ids == out}
     return result
-
-
-def _pick(logits: torch.Tensor, history: list[int], params: SamplingParams, gen) -> int:
-    return sample_next(logits, history, params, gen)
