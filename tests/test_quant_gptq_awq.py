@@ -73,7 +73,7 @@ def test_calibrated_models_run_and_use_the_kernels_like_the_reference(method):
     model = tiny(d_model=64, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=128, tie_embeddings=True)
     calib = torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(1))
     ids = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(3))
-    fast = quantize_model(model, method=method, bits=4, group_size=32, calib=calib)
+    fast = quantize_model(model, method=method, bits=4, group_size=32, calib=calib, act_dtype=torch.float32)
     ref = quantize_model(model, method=method, bits=4, group_size=32, calib=calib, reference=True)
     assert torch.allclose(fast(ids), ref(ids), atol=1e-4)
     model.requires_grad_(False)

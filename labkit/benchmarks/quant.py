@@ -1,7 +1,9 @@
 """Fewer bits per weight, faster decode? SmolLM2 at batch 1 in every weight format, next to its peers.
 
 labkit decodes greedily in float32, bfloat16, int8 and int4 (RTN on the packed kernels) and
-from the GGUF file's own Q4_1 blocks; Hugging Face transformers (float32 and bfloat16, read
+from the GGUF file's own Q4_1 blocks, with int8 activations and integer dot products (Q8_0 W8A8,
+Q4_1 W4A8 on `torch._int_mm`) and in MXFP4 / NVFP4 (their reference path: the dequantized
+weights multiplied in float32, so their speed is float32's, listed for the bytes); Hugging Face transformers (float32 and bfloat16, read
 from the same file) and llama.cpp (the same Q4_1 file) decode the same prompt when they are
 installed. Rounds are interleaved across all of them so machine noise hits all alike, and
 every figure is a median over rounds. A decode step reads every weight once, so bytes per
@@ -15,7 +17,8 @@ from __future__ import annotations
 import statistics
 import time
 
-TITLE = "SmolLM2 decode tokens/s and prefill TTFT by weight format (fp32, bf16, int8, int4, GGUF Q4_1) vs transformers and llama.cpp"
+TITLE = ("SmolLM2 decode tokens/s and prefill TTFT by weight format (fp32, bf16, int8, int4, GGUF Q4_1, W8A8, MXFP4, "
+         "NVFP4) vs transformers and llama.cpp, and one product in every kernel")
 
 PROMPT = "What is the capital of France? Answer in one sentence."
 PREFILL_TOKENS = (64, 512)
@@ -48,6 +51,8 @@ def _transformers_decode(model, ids: list[int], n: int) -> float:
 
 def _contenders(bf16):
     """name -> (decode runner, prefill runner, model, bytes read per token); labkit first, then the peers found."""
+    import torch
+
     import labkit
     from labkit.benchmarks import _peers
     from labkit.benchmarks.smollm2 import load_transformers
@@ -56,10 +61,14 @@ def _contenders(bf16):
     model, tok = labkit.load("smollm2-135m")
     native = labkit.load("smollm2-135m", dtype=bf16, weights="gguf")[0]
     mine = {"float32": model, "bfloat16": labkit.load("smollm2-135m", dtype=bf16)[0],
-            "int8 RTN, fp32 act": quantize_model(model, bits=8),
+            "int8 RTN, fp32 act": quantize_model(model, bits=8, act_dtype=torch.float32),
             "int8 RTN, bf16 act": quantize_model(model, bits=8, act_dtype=bf16),
             "int4 RTN g32, bf16 act": quantize_model(model, bits=4, group_size=32, act_dtype=bf16),
-            "GGUF Q4_1 as stored": native}
+            "GGUF Q4_1 as stored": native,
+            "Q8_0 W8A8, int_mm": quantize_model(model, fmt="Q8_0", activations="int8"),
+            "Q4_1 W4A8, int_mm": quantize_model(model, fmt="Q4_1", activations="int8"),
+            "MXFP4 (fp32 product)": quantize_model(model, fmt="MXFP4"),
+            "NVFP4 (fp32 product)": quantize_model(model, fmt="NVFP4")}
     out = {name: (_labkit_decode, _labkit_prefill, m, model_nbytes(m)) for name, m in mine.items()}
     for dtype, like in ((model.tok_embeddings.weight.dtype, "float32"), (bf16, "bfloat16")):
         peer = load_transformers(dtype)
@@ -73,6 +82,33 @@ def _contenders(bf16):
     else:
         out["llama.cpp Q4_1"] = (_peers.llama_cpp_decode, _peers.llama_cpp_prefill, llm, out["GGUF Q4_1 as stored"][3])
     return out, tok
+
+
+def products(model, rounds: int = 5) -> dict:
+    """One SmolLM2 product (block 0's gate and up projection, one input row) in every kernel, interleaved.
+
+    name -> {"us": microseconds a call, "bytes": the format's bytes, "gb_s": bytes / time}.
+    """
+    import torch
+
+    from labkit.generation.profile import layer_rates
+    from labkit.quant import QuantLinear, intdot
+    from labkit.quant.blocklinear import BlockLinear
+
+    w = model.layers[0].mlp.w_gate_up.weight.detach().float()
+    x = torch.randn(1, w.shape[1], generator=torch.Generator().manual_seed(0))
+    bf = torch.bfloat16
+    layers = {"float32 mm": (lambda v, wt=w.t(): v @ wt, w.numel() * 4),
+              "bfloat16 mm": (lambda v, wt=w.t().to(bf): v.to(bf) @ wt, w.numel() * 2)}
+    for name, q in (("int8 packed, bf16 act", QuantLinear.from_float(w, 8, act_dtype=bf)),
+                    ("int4 g32 packed, bf16 act", QuantLinear.from_float(w, 4, 32, act_dtype=bf)),
+                    ("Q8_0 W8A8, reference sums", BlockLinear(w, "Q8_0", "int8", "reference")),
+                    ("Q8_0 W8A8, int_mm", BlockLinear(w, "Q8_0", "int8", "int_mm")),
+                    ("Q4_1 W4A8, int_mm", BlockLinear(w, "Q4_1", "int8", "int_mm"))):
+        layers[name] = (q, q.nbytes())
+    layers["Q8_1 activations alone"] = (lambda v: intdot.quantize_activations(v, with_sum=True), 0)
+    us = layer_rates({k: f for k, (f, _) in layers.items()}, x, rounds=rounds)
+    return {k: {"us": us[k], "bytes": b, "gb_s": b / us[k] / 1e3 if b else None} for k, (_, b) in layers.items()}
 
 
 def _interleaved(contenders: dict, run_one, rounds: int, between=None) -> dict:
@@ -136,6 +172,12 @@ def run(quick: bool = False) -> dict:
         ratio = mine / rate[against]
         targets.append({"format": name, "against": against, "ratio": ratio, "target": goal, "met": ratio >= goal})
         print(f"  target {name} >= {goal}x {against}: {ratio:.2f}x, {'met' if ratio >= goal else 'NOT met'}")
+    per_product = products(contenders["float32"][2], rounds=3 if quick else 7)
+    print(f"  one product, SmolLM2 block 0 gate+up {tuple(contenders['float32'][2].layers[0].mlp.w_gate_up.weight.shape)}, "
+          "one input row (interleaved, median):")
+    for name, r in per_product.items():
+        gbs = f"{r['gb_s']:6.1f} GB/s of the format's bytes" if r["gb_s"] else ""
+        print(f"  {name:28s} {r['us']:8.1f} us  {gbs}")
     prefill = {}
     for p in PREFILL_TOKENS:
         pids = held_out_ids(tok, p)
@@ -146,4 +188,4 @@ def run(quick: bool = False) -> dict:
     for name in contenders:
         print(f"  {name:24s} " + " ".join(f"{1e3 * prefill[p][name]:11.0f} {p / prefill[p][name]:6.0f}" for p in PREFILL_TOKENS))
     return {"formats": rows, "roofline_gb_s": bw, "threads": torch.get_num_threads(), "tokens_per_round": n,
-            "targets": targets, "prefill_ttft_s": {str(p): v for p, v in prefill.items()}}
+            "targets": targets, "prefill_ttft_s": {str(p): v for p, v in prefill.items()}, "products": per_product}

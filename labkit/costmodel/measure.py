@@ -85,3 +85,42 @@ def operator_call_us(seconds: float = 0.5, calls: int = 2000) -> float:
             a.add_(b)
 
     return 1e6 / _median_rate(loop, calls, seconds)
+
+
+def cpu_flags(names=("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni", "amx_int8")) -> dict:
+    """Which of these instruction-set flags the CPU reports (Linux `/proc/cpuinfo`); {} where it cannot be read.
+
+    avx512_bf16 / amx_bf16: native bfloat16 dot products; avx512_vnni / avx_vnni / amx_int8: int8 dot products.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return {}
+    have = set(line.split(":", 1)[-1].split())
+    return {n: n in have for n in names} if have else {}
+
+
+def bf16_product_rates(seconds: float = 0.3, out_features: int = 8192, in_features: int = 2048) -> dict:
+    """GB/s of weight read by a one-row product x Wᵀ (batch-1 decode's product) in float32 and in bfloat16.
+
+    float32 W [N, K] and bfloat16 W [N, 2K] hold the same bytes (64 MiB by default: larger than the
+    caches, as a model's weights are): a product that streamed
+    bfloat16 as fast as float32 would take the same time. Returns float32_gb_s, bfloat16_gb_s
+    (equal bytes) and their ratio `bf16_vs_f32`: near 1 where the bf16 product is native, well below
+    where the product converts each weight to float32 first (a CPU without bf16 arithmetic).
+    """
+    import torch
+
+    _check_seconds(seconds)
+    for name, v in (("out_features", out_features), ("in_features", in_features)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    g = torch.Generator().manual_seed(0)
+    w32 = torch.randn(out_features, in_features, generator=g)
+    w16 = torch.randn(out_features, 2 * in_features, generator=g).bfloat16()
+    x32, x16 = torch.randn(1, in_features, generator=g), torch.randn(1, 2 * in_features, generator=g).bfloat16()
+    nbytes = w32.numel() * 4
+    f32 = _median_rate(lambda: torch.mm(x32, w32.t()), nbytes, seconds) / 1e9
+    b16 = _median_rate(lambda: torch.mm(x16, w16.t()), nbytes, seconds) / 1e9
+    return {"float32_gb_s": f32, "bfloat16_gb_s": b16, "bf16_vs_f32": b16 / f32, "bytes": nbytes}

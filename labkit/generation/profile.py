@@ -19,11 +19,11 @@ import torch
 
 from labkit.generation.stages import decode, prefill
 
-__all__ = ["step_profile", "decode_rates", "pass_costs", "MATMUL_OPS"]
+__all__ = ["step_profile", "decode_rates", "pass_costs", "layer_rates", "MATMUL_OPS"]
 
 # the operators that multiply by a weight matrix: float (BLAS), packed int8/int4
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::_weight_int8pack_mm",
-              "aten::_weight_int4pack_mm_for_cpu", "aten::bmm")
+              "aten::_weight_int4pack_mm_for_cpu", "aten::bmm", "aten::_int_mm")
 
 
 @contextlib.contextmanager
@@ -46,10 +46,11 @@ def _quiet_stderr():
 def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
     """Profile `steps` greedy decode steps after prefilling `ids`.
 
-    Returns step_ms (wall time per step, measured without the profiler), matmul_ms and
-    other_ms (the profiler's self time per step of the weight products and of every other
-    operator; the profiler's own overhead inflates both a little), outside_ms (what the
-    operators do not account for: Python and the dispatch between them), ops_per_step
+    Returns step_ms (wall time per step, measured without the profiler), profiled_step_ms (the
+    wall time of the profiled steps themselves), matmul_ms and other_ms (the profiler's self time
+    per step of the weight products and of every other operator), outside_ms (profiled_step_ms
+    minus both: Python, dispatch and the profiler's own bookkeeping between operators, from the
+    same run as the operators, so the three parts add up to profiled_step_ms), ops_per_step
     (operator calls per step, nested ones included) and top: the `top` operators by self time.
     """
     if not isinstance(steps, int) or steps < 1:
@@ -60,14 +61,16 @@ def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
     decode(model, state, steps)
     wall = (time.perf_counter() - start) / steps
     with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
         decode(model, state, steps)
+        profiled = (time.perf_counter() - start) / steps
     events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
     ms = {e.key: e.self_cpu_time_total / 1e3 / steps for e in events}
     calls = sum(e.count for e in events) / steps
     matmul = sum(v for k, v in ms.items() if k in MATMUL_OPS)
     ranked = sorted(ms.items(), key=lambda kv: -kv[1])[:top]
-    return {"step_ms": 1e3 * wall, "matmul_ms": matmul, "other_ms": sum(ms.values()) - matmul,
-            "outside_ms": max(0.0, 1e3 * wall - sum(ms.values())),
+    return {"step_ms": 1e3 * wall, "profiled_step_ms": 1e3 * profiled, "matmul_ms": matmul,
+            "other_ms": sum(ms.values()) - matmul, "outside_ms": max(0.0, 1e3 * profiled - sum(ms.values())),
             "ops_per_step": calls, "top": [{"op": k, "ms": v} for k, v in ranked]}
 
 
@@ -116,3 +119,20 @@ def pass_costs(models: dict, ids: list[int], ks=(1, 2, 3, 4, 6, 8), rounds: int 
                 if r:
                     seconds[name][k].append((time.perf_counter() - start) / repeat)
     return {name: {k: statistics.median(v) for k, v in per_k.items()} for name, per_k in seconds.items()}
+
+
+@torch.inference_mode()
+def layer_rates(layers: dict, x: torch.Tensor, rounds: int = 5, repeat: int = 20) -> dict[str, float]:
+    """Microseconds of one call layer(x) for each name → layer (a module or function): rounds interleaved,
+    the median per layer of `repeat`-call means. For comparing one product's kernels side by side."""
+    if not isinstance(rounds, int) or rounds < 1 or not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"rounds and repeat must be positive integers, got rounds={rounds!r}, repeat={repeat!r}")
+    times: dict[str, list[float]] = {name: [] for name in layers}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name, layer in layers.items():
+            start = time.perf_counter()
+            for _ in range(repeat):
+                layer(x)
+            if r:
+                times[name].append((time.perf_counter() - start) / repeat)
+    return {name: 1e6 * statistics.median(t) for name, t in times.items()}

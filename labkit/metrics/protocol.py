@@ -55,6 +55,11 @@ def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int
 @torch.inference_mode()
 def scored_logits(model, ids, window: int, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [N, V] float32, targets [N]) of every position `windows` scores, N = len(ids) − 1."""
+    if isinstance(ids, (str, bytes)):
+        raise TypeError("ids must be token ids (a list of ints or a 1-D tensor), got text: encode it with the "
+                        "model's tokenizer first (tok.encode(text))")
+    if isinstance(ids, torch.Tensor) and ids.dim() != 1:
+        raise ValueError(f"ids must be one sequence of token ids (1-D), got a tensor of shape {tuple(ids.shape)}")
     ids = [int(i) for i in ids]
     parts, targets = [], []
     for begin, end, first in windows(len(ids), window, stride):

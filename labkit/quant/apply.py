@@ -7,6 +7,14 @@ Works on any module tree (this layer knows nothing of labkit's `Transformer`): e
 `lm_head` attribute that is None and a `tok_embeddings` embedding) gets its own quantized
 head, since the head is the largest single matrix of a small model (21 % of SmolLM2's
 bytes). The embedding itself is only looked up, one row per token, and stays float.
+
+What each choice costs (SmolLM2, one decode step, measured by `labkit bench --only quant`):
+the packed int8/int4 kernels with **bfloat16 activations** (the default) are the fast path, 2-3x
+float32; the same kernels with float32 activations (`act_dtype=torch.float32`) decode at about
+0.4x float32 and exist for exact comparisons; `reference=True` multiplies the dequantized float32
+weights (float speed, the format's numbers). `fmt=` stores the weights in a block format instead
+(Q8_0, Q4_1, MXFP4, MXFP8, NVFP4: `BlockLinear`), with float32 activations or, for Q8_0 and Q4_1,
+`activations="int8"`: inputs quantized per block and integer dot products, as llama.cpp does.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from labkit.quant.blocklinear import ACTIVATIONS, BLOCK_FORMATS, BlockLinear
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
 from labkit.quant.linear import QuantLinear, layout, packed_layout_problem
 from labkit.quant.rtn import quantize
@@ -27,6 +36,9 @@ MODEL_BITS = (8, 4, 3)
 
 
 def _check_calib(model, calib, method):
+    if isinstance(calib, str):
+        raise TypeError("calib must be token ids [batch, tokens], got a str: encode the text with the model's "
+                        "tokenizer first (tok.encode(text))")
     if method == "rtn":
         if calib is not None:
             raise ValueError("method='rtn' needs no calibration data; calib must be None")
@@ -46,10 +58,11 @@ def _check_calib(model, calib, method):
     return calib.long()
 
 
-def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 8, group_size: int | str = 32, calib=None,
-                   include_head: bool = True, act_dtype: torch.dtype = torch.float32, reference: bool = False,
-                   inplace: bool = False, damp: float = 0.01, act_order: bool = False,
-                   progress: bool = False) -> nn.Module:
+def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = None, group_size: int | str | None = None,
+                   calib=None, include_head: bool = True, act_dtype: torch.dtype = torch.bfloat16,
+                   reference: bool = False, inplace: bool = False, damp: float = 0.01, act_order: bool = False,
+                   progress: bool = False, fmt: str | None = None, activations: str = "float",
+                   sums: str = "int_mm") -> nn.Module:
     """A copy of `model` (or `model` itself with `inplace`) whose linear layers hold `bits`-bit codes.
 
     `method`: "rtn" (no data), "gptq" or "awq" (both need `calib`, token ids [batch, tokens]).
@@ -58,9 +71,24 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 8, group_s
     channel, int4 in groups of 32…256) run on them; the others (3 bits, per-channel int4)
     compute x @ dequantize(W)ᵀ in float32: the same numbers, float speed, for measuring quality.
     The LM head is quantized too (`include_head`). `progress` shows a bar over the blocks.
+    `bits` defaults to 8 and `group_size` to 32. Activations are bfloat16 by default: the fast path
+    (see the module docstring for what float32 activations cost).
+
+    `fmt` (one of `BLOCK_FORMATS`) stores every matrix in that block format by round to nearest
+    instead (bits and group_size come with the format); `activations="int8"` with fmt Q8_0 or
+    Q4_1 multiplies integer codes, `sums` "int_mm" or "reference" (`labkit.quant.intdot`).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch module (labkit.load(...)[0]), got {type(model).__name__} {model!r:.40}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if fmt is not None:
+        return _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums)
+    if activations != "float":
+        raise ValueError(f"activations={activations!r} needs a block format (fmt='Q8_0' or 'Q4_1'); "
+                         "the packed kernels take float activations")
+    bits = 8 if bits is None else bits
+    group_size = 32 if group_size is None else group_size
     if bits not in MODEL_BITS or isinstance(bits, bool):
         raise ValueError(f"bits must be one of {MODEL_BITS}, got {bits!r}")
     calib = _check_calib(model, calib, method)
@@ -85,15 +113,37 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 8, group_s
         alphas = awq_blocks(out, calib, bits, granularity, symmetric, include_head, progress=tick)
     if bar is not None:
         bar.close()
+    _replace_linears(out, make, include_head)
+    kernels = {"reference" if m.reference else "packed" for m in out.modules() if isinstance(m, QuantLinear)}
+    out.quantization = {"method": method, "bits": bits, "group_size": granularity,
+                        "act_dtype": str(act_dtype).replace("torch.", ""), "head": include_head, "awq_alpha": alphas,
+                        "kernel": "+".join(sorted(kernels))}
+    return out
+
+
+def _replace_linears(out: nn.Module, make, include_head: bool) -> None:
+    """Every nn.Linear becomes make(weight); a tied head gets its own copy when `include_head`."""
     for name, module in [(n, m) for n, m in out.named_modules() if isinstance(m, nn.Linear)]:
         parent_name, _, child = name.rpartition(".")
         setattr(out.get_submodule(parent_name) if parent_name else out, child, make(module.weight))
     if include_head and _tied(out):
         out.lm_head = make(out.tok_embeddings.weight)
-    kernels = {"reference" if m.reference else "packed" for m in out.modules() if isinstance(m, QuantLinear)}
-    out.quantization = {"method": method, "bits": bits, "group_size": granularity,
-                        "act_dtype": str(act_dtype).replace("torch.", ""), "head": include_head, "awq_alpha": alphas,
-                        "kernel": "+".join(sorted(kernels))}
+
+
+def _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums):
+    if method != "rtn" or calib is not None:
+        raise ValueError(f"fmt={fmt!r} rounds to nearest: method must be 'rtn' and calib None, "
+                         f"got method={method!r}")
+    if bits is not None or group_size is not None:
+        raise ValueError(f"fmt={fmt!r} fixes the bits and the block; pass fmt or bits/group_size, not both "
+                         f"(got bits={bits!r}, group_size={group_size!r})")
+    if fmt not in BLOCK_FORMATS or activations not in ACTIVATIONS:
+        BlockLinear(torch.zeros(1, 64), fmt, activations, sums)  # raises the ValueError that names the choice
+    out = model if inplace else copy.deepcopy(model)
+    out.requires_grad_(False)
+    _replace_linears(out, lambda w: BlockLinear(w, fmt, activations, sums), include_head)
+    out.quantization = {"method": "rtn", "fmt": fmt, "activations": activations, "head": include_head,
+                        "kernel": "reference" if activations == "float" else sums}
     return out
 
 
@@ -105,7 +155,7 @@ def model_nbytes(model: nn.Module) -> int:
     """Bytes of weights one decode step reads: quantized layers' codes and scales, float linears, the head."""
     total = 0
     for m in model.modules():
-        if isinstance(m, QuantLinear):
+        if isinstance(m, (QuantLinear, BlockLinear)):
             total += m.nbytes()
         elif isinstance(m, nn.Linear):
             total += m.weight.numel() * m.weight.element_size()

@@ -1,4 +1,4 @@
-"""The GGML block formats that GGUF files store weights in: Q8_0, Q4_0, Q4_1 (and F16, F32).
+"""The GGML block formats that GGUF files store weights in: Q8_0, Q4_0, Q4_1, MXFP4, NVFP4 (and F16, F32).
 
 Follows the reference (`*_ref`) quantizers of llama.cpp `ggml/src/ggml-quants.c` and
 the numpy port in `gguf-py/gguf/quants.py`; the tests check that labkit's bytes and
@@ -11,6 +11,12 @@ one or two float16 numbers plus 32 small integers:
     Q8_0  34           fp16 d, int8 q[32]            x = q·d             8.5
     Q4_0  18           fp16 d, 16 bytes of nibbles   x = (q − 8)·d       4.5
     Q4_1  20           fp16 d, fp16 m, 16 bytes      x = q·d + m         5.0
+    MXFP4 17           E8M0 2^e, 16 bytes            x = E2M1(q)·2^e     4.25
+    NVFP4 36 per 64    4 UE4M3 d, 32 bytes           x = E2M1(q)·d       4.5
+
+MXFP4 and NVFP4 (microscaling, OCP / NVIDIA) are implemented in `labkit.quant.mx`; this module
+hands them over. The GGML NVFP4 layout has no per-tensor scale, so here it is 1.0 and the UE4M3
+block scales carry the whole scale (|x| above 6·448 = 2688 saturates); `mx.quantize` keeps one.
 
 Nibble order (Q4_0, Q4_1): byte j holds weight j in its low 4 bits and weight j+16
 in its high 4 bits, not two neighbours.
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from labkit.quant import mx
+
 BLOCK = 32  # weights per block, for every format here
 
 TYPES: dict[str, tuple[int, int, int]] = {
@@ -34,6 +42,8 @@ TYPES: dict[str, tuple[int, int, int]] = {
     "Q4_0": (2, BLOCK, 18),
     "Q4_1": (3, BLOCK, 20),
     "Q8_0": (8, BLOCK, 34),
+    "MXFP4": (39, 32, 17),
+    "NVFP4": (40, 64, 36),  # super-blocks of 64 = 4 blocks of 16, each with its own scale
 }
 SUPPORTED = tuple(TYPES)
 
@@ -52,8 +62,10 @@ def bits_per_weight(qtype: str) -> float:
 
 
 def nbytes(qtype: str, n_weights: int) -> int:
-    """Bytes that `n_weights` weights take in this format (a multiple of 32 for the block types)."""
+    """Bytes that `n_weights` weights take in this format (a multiple of 32 for the block types, 64 for NVFP4)."""
     _, per_block, size = TYPES[_check_type(qtype)]
+    if isinstance(n_weights, bool) or not isinstance(n_weights, (int, np.integer)) or n_weights < 0:
+        raise ValueError(f"n_weights must be a non-negative integer, got {n_weights!r}")
     if n_weights % per_block:
         raise ValueError(f"{qtype} stores weights in blocks of {per_block}; got {n_weights} weights")
     return n_weights // per_block * size
@@ -87,7 +99,8 @@ def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
     """Quantize float weights (last dim a multiple of 32) to GGML blocks.
 
     Returns uint8 bytes shaped `[..., row_bytes]`, as `gguf.GGUFReader` presents quantized
-    tensors (F32/F16 come back as float arrays).
+    tensors (F32/F16 come back as float arrays). The block formats refuse NaN and inf (F32/F16
+    store them as they are).
     """
     qtype = _check_type(qtype)
     x = np.asarray(x, dtype=np.float32)
@@ -95,8 +108,12 @@ def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
         return x.copy()
     if qtype == "F16":
         return x.astype(np.float16)
+    if qtype in mx.LAYOUT:  # MXFP4, NVFP4: no tensor scale in the GGML layout
+        return mx.quantize_blocks(x, qtype, tensor_scale=None if qtype == "MXFP4" else 1.0)[0]
     if x.ndim == 0 or x.shape[-1] % BLOCK:
         raise ValueError(f"{qtype} needs rows whose length is a multiple of {BLOCK}; got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{qtype}: x contains NaN or inf; the block formats encode finite weights only")
     blocks = x.reshape(-1, BLOCK)  # [n_blocks, 32]
     if qtype == "Q8_0":
         d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
@@ -132,6 +149,9 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = Non
     data = np.asarray(data)
     if qtype in ("F32", "F16"):
         out = data.view(np.float32 if qtype == "F32" else np.float16).astype(np.float32)
+        return out.reshape(shape) if shape is not None else out
+    if qtype in mx.LAYOUT:
+        out = mx.dequantize_blocks(data, qtype)
         return out.reshape(shape) if shape is not None else out
     _, _, size = TYPES[qtype]
     raw = data.view(np.uint8)
@@ -171,3 +191,22 @@ def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]):
         return blocks[:, 2:].view(np.int8).reshape(rows, cols), d, None
     m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(rows, cols // BLOCK)
     return _unpack_nibbles(blocks[:, 4:]).reshape(rows, cols), d, m
+
+
+def agrees_with_gguf(x: np.ndarray, qtype: str) -> bool | None:
+    """Whether labkit's bytes for x in `qtype` equal the `gguf` package's, and so do the floats they decode to.
+
+    The gguf package (llama.cpp's numpy port) quantizes every type here but NVFP4, for which only
+    the decoding is compared (on labkit's bytes). None when gguf is not installed.
+    """
+    try:
+        from gguf import GGMLQuantizationType, quants
+    except ImportError:
+        return None
+    qtype = _check_type(qtype)
+    x = np.asarray(x, dtype=np.float32)
+    mine = quantize(x, qtype)
+    kind = GGMLQuantizationType[qtype]
+    same_bytes = qtype == "NVFP4" or np.array_equal(mine, quants.quantize(x, kind))
+    theirs = quants.dequantize(mine, kind).reshape(x.shape)
+    return bool(same_bytes and np.array_equal(dequantize(mine, qtype, x.shape), theirs))

@@ -145,5 +145,8 @@ def decode_codes(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor
 
 def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The float matrix the codes stand for: q·s (+ m)."""
+    if not isinstance(qt, QuantizedTensor):
+        raise TypeError(f"qt must be a QuantizedTensor (from quantize(w, ...)), got {type(qt).__name__}; "
+                        "quantize a float matrix first")
     minimum = None if qt.minimum is None else _expand(qt.minimum, qt)
     return decode_codes(qt.codes, _expand(qt.scale, qt), minimum).to(dtype)

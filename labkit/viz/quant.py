@@ -10,15 +10,17 @@ from labkit.viz._spec import wrap_title
 __all__ = ["tradeoff_figure", "quality_figure", "speed_figure", "awq_alpha_figure", "METHOD_COLORS"]
 
 _LAYOUT = dict(height=420, margin=dict(t=80, l=60, r=20, b=50), legend=dict(orientation="h", y=-0.2))
-METHOD_COLORS = {"RTN": "#1f77b4", "GPTQ": "#d62728", "AWQ": "#2ca02c", "float": "#7f7f7f", "GGUF": "#9467bd"}
+METHOD_COLORS = {"RTN": "#1f77b4", "GPTQ": "#d62728", "AWQ": "#2ca02c", "float": "#7f7f7f", "GGUF": "#9467bd",
+                 "block format": "#ff7f0e"}
 
 
 def _group_label(group) -> str:
     return "per-channel" if group == "channel" else f"groups of {group}"
 
 
-def tradeoff_figure(rows: list[dict]) -> go.Figure:
-    """Weight and output error of one layer for each method at one (bits, group size) (rows of `layer_tradeoff`)."""
+def tradeoff_figure(rows: list[dict], model_name: str = "the whole model") -> go.Figure:
+    """Weight and output error of one layer for each method at one (bits, group size) (rows of `layer_tradeoff`);
+    the title gives the memory (and predicted speed) of `model_name`, the model the rows' n_weights describe."""
     if not rows or len({(r["bits"], r["group_size"]) for r in rows}) != 1:
         raise ValueError("rows must be `layer_tradeoff` rows of one (bits, group_size), one per method")
     r0 = rows[0]
@@ -31,7 +33,7 @@ def tradeoff_figure(rows: list[dict]) -> go.Figure:
     ])
     title = f"int{r0['bits']}, {_group_label(r0['group_size'])}: {r0['bits_per_weight']:.2f} bits per weight"
     if "memory_bytes" in r0:
-        title += f"; the whole model {r0['memory_bytes'] / 1e6:.0f} MB"
+        title += f"; {model_name} {r0['memory_bytes'] / 1e6:.0f} MB"
     if "predicted_tokens_per_s" in r0:
         title += f", predicted decode {r0['predicted_tokens_per_s']:.0f} tokens/s"
     fig.update_layout(title=wrap_title(title), barmode="group", yaxis=dict(title="relative squared error", type="log"),
@@ -43,6 +45,8 @@ def _method(name: str) -> str:
     for key in ("RTN", "GPTQ", "AWQ", "GGUF"):
         if key in name:
             return key
+    if name.startswith(("Q8_0", "Q4_1", "MXFP", "NVFP")):
+        return "block format"
     return "float"
 
 
@@ -50,7 +54,9 @@ _SYMBOLS = {"per-channel": "circle", "groups of 64": "square", "groups of 32": "
 
 
 def _symbol(name: str) -> str:
-    return _SYMBOLS["groups of 64" if "g64" in name else "groups of 32" if "g32" in name else "per-channel"]
+    blocks = name.startswith(("Q8_0", "Q4_1", "MXFP"))  # blocks of 32 (NVFP4: scales per 16, counted as 32's shape)
+    return _SYMBOLS["groups of 64" if "g64" in name else "groups of 32" if "g32" in name or blocks
+                    or name.startswith("NVFP") else "per-channel"]
 
 
 def _uncrowded(xs, ys, dy: float, dx: float = 0.6) -> list[bool]:
@@ -72,7 +78,7 @@ def quality_figure(rows: list[dict], title: str, metric: str = "kl") -> go.Figur
         raise ValueError(f"metric must be one of {sorted(labels)}, got {metric!r}")
     fig = go.Figure()
     log = metric == "kl"
-    shown = [r for r in rows if not (log and r["name"] == "float32")]
+    shown = [r for r in rows if not (log and r["name"] == "float32") and " seed " not in r["name"]]  # one point per variant
     xs = [round(32 * r["vs_float32_bytes"], 2) for r in shown]
     ys = [float(f"{max(r[metric], 1e-6):.4g}") if log else r[metric] for r in shown]
     keep = _uncrowded(xs, [math.log10(y) for y in ys] if log else ys, 0.3 if log else 0.03 * (max(ys) - min(ys) or 1))
