@@ -42,8 +42,8 @@ TYPES: dict[str, tuple[int, int, int]] = {
     "Q4_0": (2, BLOCK, 18),
     "Q4_1": (3, BLOCK, 20),
     "Q8_0": (8, BLOCK, 34),
-    "MXFP4": (39, 32, 17),
-    "NVFP4": (40, 64, 36),  # super-blocks of 64 = 4 blocks of 16, each with its own scale
+    "MXFP4": (39, *mx.LAYOUT["MXFP4"][:2]),  # the sizes are mx's: one table of block layouts
+    "NVFP4": (40, *mx.LAYOUT["NVFP4"][:2]),  # super-blocks of 64 = 4 blocks of 16, each with its own scale
 }
 SUPPORTED = tuple(TYPES)
 
