@@ -116,6 +116,7 @@ def test_cost_per_million_tokens():
     (lambda: parallel_plan(LLAMA3_70B, "h100-sxm", n_gpus=8, tp=3), "tp must divide n_gpus = 8"),
     (lambda: parallel_plan(LLAMA3_70B, "h100-sxm", n_gpus=8, tp=4, batch=63), "batch must be a multiple of dp"),
     (lambda: parallel_plan(LLAMA3_70B, "h100-sxm", n_gpus=0), "n_gpus must be an integer >= 1, got 0"),
+    (lambda: parallel_plan(LLAMA3_70B, "h100-sxm", n_gpus=3, tp=3, batch=3), "tp must divide n_heads = 64, got tp = 3"),
     (lambda: parallel_plan(LLAMA3_70B, "laptop-core-ultra-258v", n_gpus=2, tp=2, batch=2),
      "tp must be 1 on laptop-core-ultra-258v"),
     (lambda: compare_plans(LLAMA3_70B, "h100-sxm", plans=[(8,)]), r"plans must be a non-empty list of \(tp, dp\) pairs"),

@@ -177,3 +177,17 @@ def test_measurement_helpers_return_what_they_say():
     assert set(us) == {"a", "b"} and len(calls) == 3 * 3 and all(v > 0 for v in us.values())  # warm-up round + 2
     with pytest.raises(ValueError, match="rounds and repeat must be positive"):
         layer_rates({}, torch.ones(1), rounds=0)
+
+
+@pytest.mark.skipif(not intdot.has_int_mm(), reason="this torch has no torch._int_mm on the CPU")
+def test_the_per_product_bench_times_every_kernel_on_one_matrix():
+    from labkit.benchmarks.quant import products
+    from labkit.quant import has_kernel
+
+    if not (has_kernel(8) and has_kernel(4)):
+        pytest.skip("no packed kernels in this torch build")
+    model = tiny(d_model=64, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=128)
+    got = products(model, rounds=1)
+    w = model.layers[0].mlp.w_gate_up.weight
+    assert got["float32 mm"]["bytes"] == w.numel() * 4 and got["Q8_0 W8A8, int_mm"]["bytes"] == w.numel() * 34 // 32
+    assert got["Q8_1 activations alone"]["gb_s"] is None and all(r["us"] > 0 for r in got.values())

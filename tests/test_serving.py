@@ -148,6 +148,13 @@ def test_bad_settings_name_the_parameter():
         sched.add(Request(1, list(range(60)), 20))
     with pytest.raises(ValueError, match="max_new_tokens"):
         Request(2, [1], 0)
+    with pytest.raises(ValueError, match="seed of request 3 must be an integer or None, got 'abc'"):
+        Request(3, [1], 2, seed="abc")
+    with pytest.raises(TypeError, match=r"unknown sampling parameter\(s\): \['temp'\]"):
+        Request(4, [1], 2, params={"temp": 0.5})
+    with pytest.raises(TypeError, match="must be a SamplingParams or a dict"):
+        Request(5, [1], 2, params=0.5)
+    assert Request(6, [1], 2, params={"temperature": 0.5}).params.temperature == 0.5  # a dict is read as the fields
 
 
 # ---- the engine ------------------------------------------------------------------------------------

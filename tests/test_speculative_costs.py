@@ -79,3 +79,17 @@ def test_bad_arguments_are_named_not_answered_with_zero(tmp_path):
     bad.write_text("not a safetensors file")
     with pytest.raises(ValueError, match="is not a safetensors file holding an MTP head"):
         load_head(bad, model)
+
+
+def test_auto_gamma_estimates_alpha_per_tested_draft():
+    from labkit.speculative.decode import _AutoGamma
+
+    auto = _AutoGamma()
+    for _ in range(60):  # γ = 4, two drafts accepted, the third rejected, the fourth never tested
+        auto.update(proposed=4, accepted=2, draft_s=0.004, target_s=0.02)
+    assert auto.alpha == pytest.approx(2 / 3, abs=1e-3)  # accepted / tested; accepted / proposed would read 0.5
+    for _ in range(60):  # every draft accepted: all four were tested
+        auto.update(proposed=4, accepted=4, draft_s=0.004, target_s=0.02)
+    assert auto.alpha == pytest.approx(1.0, abs=1e-3)
+    # E(γ) with the per-draft α predicts the round: α = 2/3 at γ = 4 gives 1 + 2/3 + 4/9 + 8/27 + 16/81 tokens
+    assert costs.expected_tokens(2 / 3, 4) == pytest.approx(1 + 2 / 3 + 4 / 9 + 8 / 27 + 16 / 81)

@@ -118,3 +118,21 @@ def test_labkit_train_smollm2_mtp_quick_writes_a_head_that_drafts_exactly(tmp_pa
     finally:
         drafter.close()
     assert out.plain["same_tokens"]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_head_drafts_for_a_quantized_target_with_bf16_activations(bard, tmp_path, bits):
+    from labkit.quant import has_kernel, quantize_model
+
+    if not has_kernel(bits):
+        pytest.skip("no packed kernel in this torch build")
+    model, tok = bard
+    target = quantize_model(model, bits=bits, group_size=32, act_dtype=torch.bfloat16)
+    path = save_head(random_head(model), tmp_path / "h.safetensors")
+    drafter = MTPDrafter.from_file(target, path)
+    try:
+        assert {p.dtype for p in drafter.head.parameters()} == {target.dtype}  # the head follows its target
+        out = generate(target, drafter, tok, "ROMEO:\nBut soft", gamma=2, max_new_tokens=12)
+    finally:
+        drafter.close()
+    assert len(out.token_ids) == 12 and out.target_calls >= 1 and out.draft_steps >= 2

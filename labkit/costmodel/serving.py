@@ -208,9 +208,15 @@ def parallel_plan(config, hw, n_gpus: int = 8, tp: int = 8, batch: int = 64, pro
         raise ValueError(f"batch must be a multiple of dp = n_gpus / tp = {dp} (requests split evenly), got {batch}")
     if "tp" in settings or "batch" in settings:
         raise ValueError("tp and batch are arguments of parallel_plan, not settings")
+    shape = ModelShape.of(config)
+    if shape.n_heads % tp:
+        raise ValueError(f"tensor parallelism gives each GPU whole attention heads: tp must divide n_heads = "
+                         f"{shape.n_heads}, got tp = {tp}")
+    if tp < shape.n_kv_heads and shape.n_kv_heads % tp:
+        raise ValueError(f"tp must divide n_kv_heads = {shape.n_kv_heads} (or exceed it, each GPU then holding a "
+                         f"copy of one KV head), got tp = {tp}")
     replica_batch = batch // dp
     est = estimate(config, hw, prompt_len, reply_len, batch=replica_batch, weight_bits=weight_bits, tp=tp, **settings)
-    shape = ModelShape.of(config)
     # resident weights, the input embedding included (est.weight_bytes counts only the streamed ones)
     weight_gb = shape.n_params * bits_per_element(weight_bits, settings.get("weight_group", 64), 16, 16) / 8 / tp / 1e9
     kv_gb = est.kv_bytes * max(shape.n_kv_heads / tp, 1) / shape.n_kv_heads / 1e9

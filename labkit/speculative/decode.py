@@ -9,7 +9,7 @@ emitted token and the γ proposals (γ + 1 positions, on its KV cache); verifica
 own; the target's cache is truncated to drop the rejected positions. A round therefore
 emits between 1 and γ + 1 tokens for one target pass.
 
-`gamma="auto"` picks γ each round from an EMA of the acceptance rate α and the measured
+`gamma="auto"` picks γ each round from an EMA of the acceptance rate α (accepted / tested drafts) and the measured
 costs: a draft step c and a target pass over k tokens T(k), both relative to T(1); it
 maximises the expected tokens per unit time E(γ) / (γ·c + T(γ+1)) with
 E(γ) = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3.3), no training needed.
@@ -94,7 +94,10 @@ class _AutoGamma:
 
     def update(self, proposed: int, accepted: int, draft_s: float, target_s: float) -> None:
         if proposed:
-            self.alpha = self.decay * self.alpha + (1 - self.decay) * accepted / proposed
+            # α is a per-position pass rate: a round tests the accepted drafts and the first rejected one (if any).
+            # accepted / proposed would count the drafts after a rejection, never tested, as failures.
+            tested = accepted + (accepted < proposed)
+            self.alpha = self.decay * self.alpha + (1 - self.decay) * accepted / tested
             per = draft_s / proposed
             self.draft_s = per if self.draft_s is None else self.decay * self.draft_s + (1 - self.decay) * per
         k = proposed + 1
