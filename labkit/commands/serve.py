@@ -31,6 +31,8 @@ def add_parser(sub):
                    help="memory for the KV pool: bytes, '512MiB', or a fraction of free memory like 0.1 "
                         "(default: %(default)s)")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks in the pool (overrides --kv-memory)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="turn off automatic prefix caching (requests sharing a prompt prefix reuse its KV blocks)")
     p.add_argument("--max-waiting", type=int, default=64, help="requests queued before new ones get 429 "
                    "(default: %(default)s)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds a request may take before it is "
@@ -48,10 +50,11 @@ def run(args, ready=None) -> int:
     server = Server(model, tok, args.model, host=args.host, port=args.port, allow_remote=args.allow_remote,
                     kv_memory=args.kv_memory, max_waiting=args.max_waiting, request_timeout=args.request_timeout,
                     max_tokens_limit=args.max_tokens_limit, policy=args.policy, max_batch=args.max_batch,
-                    token_budget=args.token_budget, block_size=args.block_size, num_blocks=args.kv_blocks)
+                    token_budget=args.token_budget, block_size=args.block_size, num_blocks=args.kv_blocks,
+                    prefix_cache=args.prefix_cache)
     url = server.start()
     print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
-          f"{server.kv_tokens} tokens) at {url}", flush=True)
+          f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}) at {url}", flush=True)
     print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
           f"-d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'", flush=True)
     stop = ready if ready is not None else threading.Event()

@@ -14,7 +14,13 @@ per sequence over that sequence's blocks (Kwon et al. 2023, PagedAttention).
     batch.plan([("a", 1), ("b", 1)])              # both decode one token: positions 5 and 3
 
 `BlockTables` is the bookkeeping alone (which blocks each sequence holds, no tensors),
-so a scheduler can plan, and be tested, without a model. Attention reads through the
+so a scheduler can plan, and be tested, without a model. It also caches prefixes across
+sequences (vLLM's automatic prefix caching, nano-vllm's): every full block a sequence has
+committed is registered under the hash of its tokens chained to its parent's
+(`register_full`), a new sequence starts on the longest chain of registered blocks its
+tokens match (`cached_prefix`, `adopt`: shared, reference-counted, never written again),
+and a block nobody holds keeps its hash on the free list until it is allocated again,
+least recently freed first. Attention reads through the
 model's `cache.attend` hook: the decoding rows go together into one call (their keys
 gathered and padded to the longest, the padding masked), each prefill chunk into its
 own causal call, offset by what the sequence already holds.
@@ -27,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.kvcache.base import KVCache, causal_mask
-from labkit.kvcache.paged import BlockManager
+from labkit.kvcache.paged import BlockManager, hash_block
 
 __all__ = ["BlockTables", "PagedBatch"]
 
@@ -48,6 +54,7 @@ class BlockTables:
         self.manager = BlockManager(num_blocks)
         self.tables: dict = {}
         self.lengths: dict = {}
+        self._hashed: dict = {}  # key -> (full blocks registered, hash of the last one)
 
     @property
     def num_blocks(self) -> int:
@@ -86,6 +93,56 @@ class BlockTables:
         for block in self.tables.pop(key):
             self.manager.decref(block)
         del self.lengths[key]
+        self._hashed.pop(key, None)
+
+    # ---- prefix caching across sequences ------------------------------------------------------
+
+    def cached_prefix(self, tokens) -> list[int]:
+        """The registered blocks holding the longest run of `tokens`' full blocks, from the start.
+
+        At least one token is always left out, so the sequence still has a token to run (its logits
+        give the next token), as vLLM does for a prompt that is cached whole.
+        """
+        blocks, parent, bs = [], b"", self.block_size
+        for i in range((len(tokens) - 1) // bs):
+            parent = hash_block(parent, tokens[i * bs:(i + 1) * bs])
+            block = self.manager.lookup(parent)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def fits_after(self, blocks: list[int], n_new: int) -> bool:
+        """Whether a new sequence starting on cached `blocks` can reserve `n_new` more tokens: the new blocks,
+        plus the cached blocks nobody holds (adopting takes them off the free list), must be free."""
+        revived = sum(1 for b in blocks if self.manager.ref_count[b] == 0)
+        return math.ceil((len(blocks) * self.block_size + n_new) / self.block_size) - len(blocks) + revived <= self.n_free
+
+    def adopt(self, key, blocks: list[int], tokens) -> int:
+        """Start the new sequence `key` on cached `blocks` (from `cached_prefix(tokens)`); returns the tokens they hold."""
+        if self.tables.get(key):
+            raise ValueError(f"sequence {key!r} already holds blocks; only a new sequence adopts a cached prefix")
+        self.tables.setdefault(key, [])
+        for block in blocks:
+            self.manager.incref(block)
+        self.tables[key] = list(blocks)
+        self.lengths[key] = len(blocks) * self.block_size
+        parent = b""
+        for i in range(len(blocks)):
+            parent = hash_block(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+        self._hashed[key] = (len(blocks), parent)
+        return self.lengths[key]
+
+    def register_full(self, key, tokens) -> None:
+        """Register every full block `key` has committed (its first `lengths[key]` tokens are `tokens`'),
+        so later sequences with the same prefix can adopt it."""
+        done, parent = self._hashed.get(key, (0, b""))
+        bs = self.block_size
+        full = min(self.lengths[key], len(tokens)) // bs
+        for i in range(done, full):
+            parent = hash_block(parent, tokens[i * bs:(i + 1) * bs])
+            self.manager.register(self.tables[key][i], parent)
+        self._hashed[key] = (max(done, full), parent)
 
     def used_tokens(self) -> int:
         return sum(self.lengths.values())

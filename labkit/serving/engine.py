@@ -81,11 +81,14 @@ class Engine:
     """Serve `model` with a `policy` ("static", "continuous" or "chunked", see `labkit.serving.scheduler`).
 
     The KV pool holds `num_blocks` blocks of `block_size` tokens (default: room for
-    `max_batch` requests of the whole context).
+    `max_batch` requests of the whole context). `prefix_cache` (on by default, as in vLLM and
+    nano-vllm): every full block a request computes is kept under the hash of its tokens, and a
+    later request that starts with the same blocks reuses them instead of prefilling them again.
     """
 
     def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
-                 block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0):
+                 block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0,
+                 prefix_cache: bool = True):
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -96,7 +99,7 @@ class Engine:
         self.cache = PagedBatch(model.config, num_blocks=num_blocks, block_size=block_size, dtype=model.dtype,
                                 device=model.device)
         self.scheduler = Scheduler(self.cache.tables, policy=policy, max_batch=max_batch, token_budget=token_budget,
-                                   context=model.config.max_seq_len, max_wait_s=max_wait_s)
+                                   context=model.config.max_seq_len, max_wait_s=max_wait_s, prefix_cache=prefix_cache)
         self.steps: list[Step] = []
         self.listeners: dict = {}  # request id -> callable(request, token) (the server streams through it)
 
@@ -131,6 +134,9 @@ class Engine:
                 raise ValueError("the model produced NaN logits; refusing to sample")
         except Exception as exc:
             raise PassFailed([req for req, _ in rows], exc) from exc
+        if self.scheduler.prefix_cache:  # the blocks this pass filled, findable by later requests
+            for req, _ in rows:
+                self.cache.tables.register_full(req.id, req.tokens)
         end = now + (time.perf_counter() - t0) if clock is None else clock()
         for (req, n), row_logits in zip(rows, logits.float()):
             if not req.advance(n, len(self.steps)):

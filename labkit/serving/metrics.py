@@ -11,6 +11,7 @@ Names follow vLLM's where there is an equivalent (`vllm:num_requests_running` is
 | `labkit:time_to_first_token_seconds` | histogram | arrival to first token |
 | `labkit:inter_token_latency_seconds` | histogram | gaps between tokens |
 | `labkit:prompt_tokens_total` / `labkit:generation_tokens_total` | counter | tokens in / out |
+| `labkit:prefix_cache_hit_tokens_total` | counter | prompt tokens found in the prefix cache (÷ prompt tokens: the hit rate) |
 | `labkit:request_success_total{finished_reason}` | counter | requests that ended normally ("stop", "length") |
 | `labkit:num_requests_aborted_total{reason}` | counter | ended early ("abort": client left, "timeout", "rejected": its parameters could not sample, "error") |
 | `labkit:num_requests_rejected_total` | counter | refused with 429 (queue full) |
@@ -42,6 +43,8 @@ class ServerMetrics:
         self.itl = Histogram("labkit:inter_token_latency_seconds", "Gaps between generated tokens.",
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("labkit:prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.cached_tokens = Counter("labkit:prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache.",
+                                     registry=r)
         self.generation_tokens = Counter("labkit:generation_tokens", "Tokens generated.", registry=r)
         self.success = Counter("labkit:request_success", "Requests that ended normally.", ["finished_reason"], registry=r)
         self.aborted = Counter("labkit:num_requests_aborted", "Requests ended early.", ["reason"], registry=r)
@@ -50,6 +53,7 @@ class ServerMetrics:
     def finished(self, req) -> None:
         """A request ended (any reason): count its tokens and latencies."""
         self.prompt_tokens.inc(len(req.prompt))
+        self.cached_tokens.inc(req.cached_tokens)
         self.generation_tokens.inc(len(req.output))
         if req.ttft is not None:
             self.ttft.observe(req.ttft)

@@ -17,6 +17,10 @@ per pass.
   decodes first, then prompt chunks fill what is left of the budget, so a long prompt is
   prefilled a piece per step and never stalls the others' next tokens for long.
 
+With `prefix_cache` (the engine's default), a request is admitted on the KV blocks an earlier
+request already computed for the same first tokens (`BlockTables.cached_prefix`): a shared
+system prompt is prefilled once, and later requests run only what follows it.
+
 When a running request needs a block and none is free, the scheduler *preempts* the
 most recently admitted request by recomputation (vLLM's default): its blocks are freed,
 it goes back to the front of the queue, and when readmitted its prompt and the tokens it
@@ -38,7 +42,8 @@ class Scheduler:
     """Plan each step's rows over `blocks` (the KV block tables the engine's cache uses)."""
 
     def __init__(self, blocks: BlockTables, *, policy: str = "continuous", max_batch: int = 8,
-                 token_budget: int = 256, context: int | None = None, max_wait_s: float = 1.0):
+                 token_budget: int = 256, context: int | None = None, max_wait_s: float = 1.0,
+                 prefix_cache: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -48,7 +53,9 @@ class Scheduler:
                              f"got {token_budget!r}")
         if not (isinstance(max_wait_s, (int, float)) and max_wait_s >= 0):
             raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
-        self.blocks, self.policy = blocks, policy
+        if not isinstance(prefix_cache, bool):
+            raise ValueError(f"prefix_cache must be True or False, got {prefix_cache!r}")
+        self.blocks, self.policy, self.prefix_cache = blocks, policy, prefix_cache
         self.max_batch, self.token_budget, self.context, self.max_wait_s = max_batch, token_budget, context, max_wait_s
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -129,10 +136,21 @@ class Scheduler:
             return self._continuous()
         return self._chunked()
 
-    def _admit(self, req: Request, n_reserve: int) -> None:
+    def _cached(self, req: Request) -> list[int]:
+        """Cached blocks the waiting request at the head of the queue can start on ([] without prefix caching)."""
+        if not self.prefix_cache or self.blocks.tables.get(req.id):
+            return []
+        return self.blocks.cached_prefix(req.tokens)
+
+    def _fits(self, req: Request, cached: list[int], n: int) -> bool:
+        return self.blocks.fits_after(cached, n) if cached else self.blocks.can_reserve(req.id, n)
+
+    def _admit(self, req: Request, n_reserve: int, cached: list[int] = ()) -> None:
         self.waiting.popleft()
         if req.id not in self.blocks.tables:
             self.blocks.add(req.id)
+        if cached:  # the prefix's keys and values are there already: the request starts after them
+            req.n_cached = req.cached_tokens = self.blocks.adopt(req.id, cached, req.tokens)
         self.blocks.reserve(req.id, n_reserve)
         req.status = Status.RUNNING
         self.running.append(req)
@@ -143,9 +161,11 @@ class Scheduler:
             if full or draining or now - self.waiting[0].arrival >= self.max_wait_s:
                 while self.waiting and len(self.running) < self.max_batch:
                     req = self.waiting[0]
-                    if not self.blocks.can_reserve(req.id, req.max_len):  # the whole reply, reserved up front
+                    cached = self._cached(req)
+                    n = req.max_len - len(cached) * self.blocks.block_size  # the whole reply, reserved up front
+                    if not self._fits(req, cached, n):
                         break
-                    self._admit(req, req.max_len)
+                    self._admit(req, n, cached)
         rows, budget = [], self.token_budget
         for req in self.running:
             n = req.n_uncached
@@ -159,10 +179,11 @@ class Scheduler:
         rows, budget = [], self.token_budget
         while self.waiting and len(self.running) < self.max_batch:
             req = self.waiting[0]
-            n = req.n_uncached
-            if n > budget or not self.blocks.can_reserve(req.id, n):
+            cached = self._cached(req)
+            n = req.n_uncached - len(cached) * self.blocks.block_size
+            if n > budget or not self._fits(req, cached, n):
                 break
-            self._admit(req, n)
+            self._admit(req, n, cached)
             rows.append((req, n))
             budget -= n
         if rows:
@@ -184,10 +205,11 @@ class Scheduler:
             budget -= n
         while self.waiting and len(self.running) < self.max_batch and budget > 0:
             req = self.waiting[0]
-            n = min(req.n_uncached, budget)
-            if not self.blocks.can_reserve(req.id, n):
+            cached = self._cached(req)
+            n = min(req.n_uncached - len(cached) * self.blocks.block_size, budget)
+            if not self._fits(req, cached, n):
                 break
-            self._admit(req, n)
+            self._admit(req, n, cached)
             rows.append((req, n))
             budget -= n
         return rows

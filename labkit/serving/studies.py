@@ -4,6 +4,8 @@
   model's critical batch explains).
 - `prefill_interference`: what a long prompt arriving mid-stream does to the inter-token
   latency of requests that are decoding, with and without chunked prefill.
+- `shared_prefix`: requests that share a long system prompt, served with and without automatic
+  prefix caching (TTFT, the tokens prefilled, the hit rate, and whether the replies agree).
 - `simulate`: replay a trace through the real scheduler with *modelled* step times instead
   of a model (`step_time(rows) -> seconds`, e.g. from `labkit.costmodel` for a GPU), so the
   same policies can be compared on hardware this machine is not.
@@ -19,7 +21,7 @@ from labkit.serving.engine import Engine, Replay, Step, run_trace
 from labkit.serving.request import Request
 from labkit.serving.scheduler import Scheduler
 
-__all__ = ["batch_sweep", "prefill_interference", "simulate"]
+__all__ = ["batch_sweep", "prefill_interference", "shared_prefix", "simulate"]
 
 
 def batch_sweep(model, batches=(1, 2, 4, 8, 16, 32), *, prompt_len: int = 64, steps: int = 12, source: list[int],
@@ -91,17 +93,46 @@ def prefill_interference(model, *, policy: str = "chunked", long_prompt: int = 1
             "ttft_long_s": big.ttft, "running": running, "long": big}
 
 
+def shared_prefix(model, system: list[int], questions: list[list[int]], *, max_new_tokens: int = 8,
+                  gap_s: float = 60.0, policy: str = "chunked", token_budget: int = 256, block_size: int = 16) -> dict:
+    """Serve `system` + each question (one request every `gap_s` seconds, greedy) with prefix caching on and off.
+
+    Returns, for "on" and "off": the summary (`summarize`), the TTFT of every request and the prompt tokens
+    the engine actually ran; and `same_replies`. The first request computes the system prompt in both
+    runs; with the cache every later one finds its full blocks and prefills only what follows. `gap_s` is
+    long enough that no request waits for another (the replay skips idle time, so it costs nothing): the
+    TTFTs compare prefills, not queues.
+    """
+    from labkit.serving.trace import summarize
+
+    if not system or not questions or not all(questions):
+        raise ValueError("system and every question must hold at least one token id")
+    n_blocks = len(questions) * -(-(len(system) + max(map(len, questions)) + max_new_tokens) // block_size) + 8
+    out = {}
+    for label, on in (("on", True), ("off", False)):
+        reqs = [Request(i, list(system) + list(q), max_new_tokens, arrival=i * gap_s) for i, q in enumerate(questions)]
+        engine = Engine(model, policy=policy, max_batch=4, token_budget=token_budget, block_size=block_size,
+                        num_blocks=n_blocks, prefix_cache=on)
+        replay = engine.replay(reqs)
+        out[label] = {"summary": summarize(replay, ttft_slo_s=10.0, itl_slo_s=1.0), "ttft_s": [r.ttft for r in reqs],
+                      "prefilled_tokens": sum(n for s in replay.steps for r, n in s.rows) - sum(len(r.output) - 1 for r in reqs),
+                      "outputs": [r.output for r in reqs]}
+    out["same_replies"] = out["on"].pop("outputs") == out["off"].pop("outputs")
+    return out
+
+
 def simulate(requests: list[Request], step_time, *, policy: str = "continuous", max_batch: int = 8,
              token_budget: int = 256, block_size: int = 16, num_blocks: int = 4096, context: int | None = None,
-             max_wait_s: float = 1.0, on_step=None) -> Replay:
+             max_wait_s: float = 1.0, on_step=None, prefix_cache: bool = False) -> Replay:
     """Replay `requests` through the scheduler with modelled step times: no model runs, every token is 0.
 
     `step_time(rows)` gets the pass's rows [(request, n_tokens)] and returns its seconds (e.g. the cost
     model's prefill/decode time for that many tokens at those contexts). `on_step(scheduler)` is called
-    after every pass (the tests check the block invariants there).
+    after every pass (the tests check the block invariants there). `prefix_cache`: as the engine's, the
+    blocks each pass fills are registered and later requests start on the ones their tokens match.
     """
     sched = Scheduler(BlockTables(num_blocks, block_size), policy=policy, max_batch=max_batch,
-                      token_budget=token_budget, context=context, max_wait_s=max_wait_s)
+                      token_budget=token_budget, context=context, max_wait_s=max_wait_s, prefix_cache=prefix_cache)
     steps: list[Step] = []
 
     def step(now, draining):
@@ -111,6 +142,9 @@ def simulate(requests: list[Request], step_time, *, policy: str = "continuous", 
         end = now + float(step_time(rows))
         for req, n in rows:
             sched.blocks.commit(req.id, n)
+            if prefix_cache:
+                sched.blocks.register_full(req.id, req.tokens)
+        for req, n in rows:
             if req.advance(n, len(steps)):
                 sched.emit(req, 0, end)
         steps.append(Step.after(len(steps), now, end, rows, sched))

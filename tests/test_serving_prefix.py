@@ -1,0 +1,114 @@
+"""Automatic prefix caching: hits derived by hand, block bookkeeping that never leaks, double-frees or shares a
+block someone writes, and replies identical with and without the cache."""
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labkit.kvcache.batch import BlockTables
+from labkit.model import ModelConfig
+from labkit.model.transformer import Transformer
+from labkit.serving import Engine, Request, fresh, studies, summarize
+
+CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=128)
+
+
+def test_hits_derived_by_hand():
+    t = BlockTables(num_blocks=16, block_size=4)
+    a = list(range(10))
+    t.add("a")
+    t.reserve("a", 10)
+    t.commit("a", 10)
+    t.register_full("a", a)  # blocks 0..3 and 4..7 are full; 8, 9 are not
+    assert t.cached_prefix(a[:8] + [99, 98]) == t.tables["a"][:2]  # two full blocks match
+    assert t.cached_prefix(a[:8]) == t.tables["a"][:1]  # a prompt cached whole keeps its last block to run
+    assert t.cached_prefix([0, 1, 2, 3, 7, 7, 7, 7, 7]) == t.tables["a"][:1]  # the second block differs
+    assert t.cached_prefix([1, 0, 2, 3, 4, 5, 6, 7, 8]) == []  # the chain starts at the first block
+    t.free("a")  # nobody holds them now: free, but still findable until allocated again
+    assert t.n_free == 16 and t.cached_prefix(a[:8] + [99]) != []
+    cached = t.cached_prefix(a[:8] + [99])
+    assert t.fits_after(cached, 1) and t.adopt("b", cached, a[:8] + [99]) == 8
+    assert t.n_free == 14 and t.lengths["b"] == 8
+    for _ in range(14):  # allocating every other block evicts nothing held
+        t.manager.allocate()
+    assert not t.fits_after([], 1) and t.cached_prefix(a[:8] + [99]) == cached
+
+
+def _invariants(sched) -> None:
+    blocks = sched.blocks
+    manager, bs = blocks.manager, blocks.block_size
+    holders: dict[int, list] = {}
+    for key, table in blocks.tables.items():
+        assert len(table) == len(set(table)) and len(table) * bs >= blocks.lengths[key]
+        for i, b in enumerate(table):
+            holders.setdefault(b, []).append((key, i))
+    free = list(manager.free)
+    assert len(free) == len(set(free)), "a block is on the free list twice"
+    for b in range(blocks.num_blocks):
+        assert manager.ref_count[b] == len(holders.get(b, [])), f"block {b}: count {manager.ref_count[b]}"
+        assert (manager.ref_count[b] == 0) == (b in free), f"block {b} is held and free, or neither"
+        if len(holders.get(b, [])) > 1:  # shared: registered, and full in every holder, so nobody writes it
+            assert manager.block_hash[b] is not None
+            assert all((i + 1) * bs <= blocks.lengths[key] for key, i in holders[b])
+
+
+@settings(max_examples=40, deadline=None)
+@given(policy=st.sampled_from(["static", "continuous", "chunked"]), num_blocks=st.integers(8, 30),
+       max_batch=st.integers(1, 5),
+       reqs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 8), st.floats(0, 3)),
+                     min_size=1, max_size=10))
+def test_shared_blocks_are_never_leaked_freed_twice_or_written(policy, num_blocks, max_batch, reqs):
+    prefixes = [list(range(1, 13)), list(range(20, 26)), []]  # two shared system prompts and none
+    requests = [Request(i, prefixes[p] + [40 + i] * s + [50], r, arrival=t) for i, (p, s, r, t) in enumerate(reqs)]
+    seen = []
+    replay = studies.simulate(requests, lambda rows: 0.01, policy=policy, max_batch=max_batch, token_budget=32,
+                              block_size=4, num_blocks=num_blocks, prefix_cache=True,
+                              on_step=lambda s: (_invariants(s), seen.append(s)))
+    assert all(r.finish is not None for r in requests)
+    assert seen[-1].blocks.n_free == num_blocks and not seen[-1].blocks.tables  # everything given back
+    assert all(r.cached_tokens % 4 == 0 and r.cached_tokens < len(r.prompt) for r in requests)
+    assert 0.0 <= summarize(replay)["prefix_hit_rate"] < 1.0
+
+
+def _trace(system, n=4, gap=50.0):
+    g = torch.Generator().manual_seed(5)
+    return [Request(i, system + torch.randint(0, CFG.vocab_size, (5,), generator=g).tolist(), 6, arrival=i * gap)
+            for i in range(n)]
+
+
+def test_the_engine_reuses_a_shared_system_prompt_and_replies_alike():
+    torch.manual_seed(0)
+    model = Transformer(CFG).eval()
+    system = torch.randint(0, CFG.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    trace = _trace(system)
+    runs = {on: Engine(model, policy="continuous", block_size=4, num_blocks=40, prefix_cache=on).replay(fresh(trace))
+            for on in (True, False)}
+    with_cache, without = runs[True].requests, runs[False].requests
+    assert [r.output for r in with_cache] == [r.output for r in without]  # the same replies
+    # requests arrive one at a time: the first computes the 3 system blocks, each later one finds them
+    assert [r.cached_tokens for r in with_cache] == [0, 12, 12, 12] and all(r.cached_tokens == 0 for r in without)
+    assert summarize(runs[True])["prefix_hit_rate"] == 36 / (4 * 17)
+    assert sum(n for s in runs[True].steps for _, n in s.rows) == sum(n for s in runs[False].steps for _, n in s.rows) - 36
+
+
+def test_preempted_requests_come_back_on_their_own_cached_blocks():
+    torch.manual_seed(0)
+    model = Transformer(CFG).eval()
+    system = list(range(3, 15))
+    trace = _trace(system, n=5, gap=0.0)  # all at once, into too few blocks: some are preempted
+    runs = {on: Engine(model, policy="chunked", max_batch=4, token_budget=16, block_size=4, num_blocks=12,
+                       prefix_cache=on).replay(fresh(trace)) for on in (True, False)}
+    assert runs[True].preemptions + runs[False].preemptions >= 1
+    assert [r.output for r in runs[True].requests] == [r.output for r in runs[False].requests]
+
+
+def test_the_shared_prefix_study_counts_what_the_cache_saves():
+    torch.manual_seed(0)
+    model = Transformer(CFG).eval()
+    system = list(range(1, 41))  # 40 tokens: 2 full blocks of 16 are reusable, 8 tokens are not
+    questions = [[50 + i, 51, 52] for i in range(3)]
+    got = studies.shared_prefix(model, system, questions, max_new_tokens=3)
+    assert got["same_replies"]
+    assert got["off"]["prefilled_tokens"] - got["on"]["prefilled_tokens"] == 2 * 32  # two later requests, 32 each
+    assert got["on"]["summary"]["prefix_hit_rate"] == 64 / (3 * 43) and got["off"]["summary"]["prefix_hit_rate"] == 0
