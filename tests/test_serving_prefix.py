@@ -53,7 +53,7 @@ def _invariants(sched) -> None:
             assert all((i + 1) * bs <= blocks.lengths[key] for key, i in holders[b])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(policy=st.sampled_from(["static", "continuous", "chunked"]), num_blocks=st.integers(8, 30),
        max_batch=st.integers(1, 5),
        reqs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 8), st.floats(0, 3)),
@@ -67,7 +67,7 @@ def test_shared_blocks_are_never_leaked_freed_twice_or_written(policy, num_block
                               on_step=lambda s: (_invariants(s), seen.append(s)))
     assert all(r.finish is not None for r in requests)
     assert seen[-1].blocks.n_free == num_blocks and not seen[-1].blocks.tables  # everything given back
-    assert all(r.cached_tokens % 4 == 0 and r.cached_tokens < len(r.prompt) for r in requests)
+    assert all(r.cached_tokens % 4 == 0 and r.cached_tokens < len(r.tokens) for r in requests)
     assert 0.0 <= summarize(replay)["prefix_hit_rate"] < 1.0
 
 
@@ -112,3 +112,58 @@ def test_the_shared_prefix_study_counts_what_the_cache_saves():
     assert got["same_replies"]
     assert got["off"]["prefilled_tokens"] - got["on"]["prefilled_tokens"] == 2 * 32  # two later requests, 32 each
     assert got["on"]["summary"]["prefix_hit_rate"] == 64 / (3 * 43) and got["off"]["summary"]["prefix_hit_rate"] == 0
+
+
+# ---- routing across data-parallel replicas ----------------------------------------------------
+
+
+def test_routers_assign_as_derived_by_hand():
+    from labkit.serving import Router
+
+    reqs = [Request(i, [1] * p, 10) for i, p in enumerate((100, 10, 10, 10))]
+    rr = Router(2, "round_robin")
+    assert [rr.choose(r, [0, 0]) for r in reqs] == [0, 1, 0, 1]
+    lw, out, got = Router(2, "least_work"), [0, 0], []
+    for r in reqs:  # nothing finishes in between: the work piles up where it was sent
+        i = lw.choose(r, out)
+        out[i] += lw.work(r)
+        got.append(i)
+    assert got == [0, 1, 1, 1] and out == [110, 60]
+    import pytest
+    with pytest.raises(ValueError, match="policy must be one of"):
+        Router(2, "random")
+    with pytest.raises(ValueError, match="one number per replica"):
+        lw.choose(reqs[0], [0])
+
+
+def test_replicas_serve_every_request_where_the_router_sent_it():
+    from labkit.serving import Router, replay_replicas
+
+    torch.manual_seed(0)
+    model = Transformer(CFG).eval()
+    g = torch.Generator().manual_seed(2)
+    lengths = (60, 8, 8, 60, 8, 8)
+    trace = [Request(i, torch.randint(0, 64, (p,), generator=g).tolist(), 4, arrival=0.0) for i, p in enumerate(lengths)]
+    routes = {}
+    for policy in ("round_robin", "least_work"):
+        engines = [Engine(model, policy="chunked", block_size=4, num_blocks=64, token_budget=32) for _ in range(2)]
+        replay, routes[policy] = replay_replicas(engines, fresh(trace), Router(2, policy))
+        assert all(r.finish is not None for r in replay.requests) and len(replay.requests) == len(trace)
+        alone = Engine(model, policy="chunked", block_size=4, num_blocks=64, token_budget=32).replay(fresh(trace))
+        assert [r.output for r in sorted(replay.requests, key=lambda r: r.id)] == [r.output for r in alone.requests]
+    assert routes["round_robin"] == [0, 1, 0, 1, 0, 1]
+    # all arrive at once, so nothing finishes in between: work 64, 12, 12, 64, 12, 12 goes to the lighter replica
+    assert routes["least_work"] == [0, 1, 1, 1, 0, 0]
+    work = [sum(lengths[k] + 4 for k, r in enumerate(routes["least_work"]) if r == i) for i in range(2)]
+    assert work == [88, 88]
+
+
+def test_the_routing_study_runs_both_routers_on_one_trace():
+    torch.manual_seed(0)
+    model = Transformer(CFG).eval()
+    g = torch.Generator().manual_seed(3)
+    trace = [Request(i, torch.randint(0, 64, (p,), generator=g).tolist(), 3, arrival=0.01 * i)
+             for i, p in enumerate((50, 6, 6, 50, 6))]
+    got = studies.routing(model, trace, 2, block_size=4, token_budget=32, max_batch=4)
+    assert set(got) == {"round_robin", "least_work"} and got["round_robin"]["route"] == [0, 1, 0, 1, 0]
+    assert all(v["summary"]["requests"] == 5 for v in got.values())

@@ -146,7 +146,24 @@ def run(quick: bool = False) -> dict:
           f"({gain:.1f}x; target >= 3x: {_mark(gain >= 3)}); hit rate {on['prefix_hit_rate']:.0%}; prompt tokens run "
           f"{pc['on']['prefilled_tokens']} vs {pc['off']['prefilled_tokens']}; replies identical: {pc['same_replies']}")
 
-    # 5. the endpoint, 6. two processes, 7. paper
+    # 5. two data-parallel replicas: round robin vs least outstanding work, prompts of very different lengths
+    from labkit.serving import Request
+    from labkit.serving.studies import routing
+    import numpy as np
+    rng = np.random.default_rng(1)
+    n_req = 8 if quick else 16
+    long_p, short_p = (256, 16) if quick else (512, 24)
+    lens = rng.choice([long_p, short_p], size=n_req, p=[0.35, 0.65])
+    arrivals = np.cumsum(rng.exponential(1.0, n_req))
+    mixed = [Request(i, source[97 * i: 97 * i + int(p)], 16, arrival=float(a)) for i, (p, a) in enumerate(zip(lens, arrivals))]
+    rt = routing(model, mixed, 2)
+    report["routing"] = {k: {"summary": v["summary"], "route": v["route"]} for k, v in rt.items()}
+    for name, v in rt.items():
+        sm = v["summary"]
+        print(f"  2 replicas, {name:11s}: {n_req} requests ({long_p}- and {short_p}-token prompts): TTFT p50 "
+              f"{sm['ttft_p50_s']:.2f} s, p99 {sm['ttft_p99_s']:.2f} s; throughput {sm['throughput_tok_s']:.1f} tok/s")
+
+    # 6. the endpoint, 7. two processes, 8. paper
     from labkit.benchmarks._serving_live import endpoint, two_processes
     report["endpoint"] = endpoint(model, tok, quick)
     report["two_processes"] = two_processes(quick)

@@ -198,7 +198,7 @@ class _Run:
     def usage(self) -> dict:
         n_prompt, n_out = len(self.reqs[0].prompt), sum(len(r.output) for r in self.reqs)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-                "prompt_tokens_details": {"cached_tokens": self.reqs[0].cached_tokens}}  # from the prefix cache
+                "prompt_tokens_details": {"cached_tokens": min(self.reqs[0].cached_tokens, n_prompt)}}  # from the prefix cache
 
 
 async def _serve(srv, request: HttpRequest, job):

@@ -53,7 +53,7 @@ class ServerMetrics:
     def finished(self, req) -> None:
         """A request ended (any reason): count its tokens and latencies."""
         self.prompt_tokens.inc(len(req.prompt))
-        self.cached_tokens.inc(req.cached_tokens)
+        self.cached_tokens.inc(min(req.cached_tokens, len(req.prompt)))
         self.generation_tokens.inc(len(req.output))
         if req.ttft is not None:
             self.ttft.observe(req.ttft)

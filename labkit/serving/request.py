@@ -50,7 +50,8 @@ class Request:
     token_logprobs: list = field(default_factory=list)  # (logprob, [(token, logprob)] top k) per generated token
     error: str | None = None       # why the engine failed this request (finish_reason "error")
     constraint: object = None      # a labkit.sampling.constrained.Constraint: the reply's format (None: free text)
-    cached_tokens: int = 0         # prompt tokens found in the prefix cache when it was (last) admitted
+    cached_tokens: int = 0         # tokens found in the prefix cache when it was (last) admitted (a preempted
+                                   # request readmitted may find its own output there too)
 
     def __post_init__(self):
         if not isinstance(self.prompt, list) or not self.prompt or not all(isinstance(t, int) for t in self.prompt):

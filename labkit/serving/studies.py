@@ -6,6 +6,8 @@
   latency of requests that are decoding, with and without chunked prefill.
 - `shared_prefix`: requests that share a long system prompt, served with and without automatic
   prefix caching (TTFT, the tokens prefilled, the hit rate, and whether the replies agree).
+- `routing`: one trace over two (or more) data-parallel replicas, routed round robin and by least
+  outstanding work (`labkit.serving.router`).
 - `simulate`: replay a trace through the real scheduler with *modelled* step times instead
   of a model (`step_time(rows) -> seconds`, e.g. from `labkit.costmodel` for a GPU), so the
   same policies can be compared on hardware this machine is not.
@@ -21,7 +23,7 @@ from labkit.serving.engine import Engine, Replay, Step, run_trace
 from labkit.serving.request import Request
 from labkit.serving.scheduler import Scheduler
 
-__all__ = ["batch_sweep", "prefill_interference", "shared_prefix", "simulate"]
+__all__ = ["batch_sweep", "prefill_interference", "shared_prefix", "routing", "simulate"]
 
 
 def batch_sweep(model, batches=(1, 2, 4, 8, 16, 32), *, prompt_len: int = 64, steps: int = 12, source: list[int],
@@ -118,6 +120,26 @@ def shared_prefix(model, system: list[int], questions: list[list[int]], *, max_n
                       "prefilled_tokens": sum(n for s in replay.steps for r, n in s.rows) - sum(len(r.output) - 1 for r in reqs),
                       "outputs": [r.output for r in reqs]}
     out["same_replies"] = out["on"].pop("outputs") == out["off"].pop("outputs")
+    return out
+
+
+def routing(model, requests: list[Request], n_replicas: int = 2, *, policy: str = "chunked", max_batch: int = 8,
+            token_budget: int = 64, block_size: int = 16, expected_reply: int | None = None) -> dict:
+    """Replay `requests` on `n_replicas` engines of `model`, once per router; router -> summary, route, replay.
+
+    Each replica keeps its own measured clock (they run one after another on this machine, as if each
+    had its own), so the TTFTs are those of replicas working side by side.
+    """
+    from labkit.serving.router import ROUTERS, Router, replay_replicas
+    from labkit.serving.trace import fresh, summarize
+
+    n_blocks = max_batch * -(-model.config.max_seq_len // block_size)
+    out = {}
+    for name in ROUTERS:
+        engines = [Engine(model, policy=policy, max_batch=max_batch, token_budget=token_budget, block_size=block_size,
+                          num_blocks=n_blocks) for _ in range(n_replicas)]
+        replay, route = replay_replicas(engines, fresh(requests), Router(n_replicas, name, expected_reply))
+        out[name] = {"summary": summarize(replay, ttft_slo_s=2.0, itl_slo_s=0.1), "route": route, "replay": replay}
     return out
 
 

@@ -108,5 +108,5 @@ def summarize(replay, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.1) -> dict:
         "steps": len(steps),
         "mean_batch": float(np.mean([len(s.rows) for s in steps])) if steps else 0.0,
         "preemptions": replay.preemptions,
-        "prefix_hit_rate": sum(r.cached_tokens for r in reqs) / max(1, sum(len(r.prompt) for r in reqs)),
+        "prefix_hit_rate": sum(min(r.cached_tokens, len(r.prompt)) for r in reqs) / max(1, sum(len(r.prompt) for r in reqs)),
     }
