@@ -147,9 +147,10 @@ def run(quick: bool = False) -> dict:
           f"{pc['on']['prefilled_tokens']} vs {pc['off']['prefilled_tokens']}; replies identical: {pc['same_replies']}")
 
     # 5. two data-parallel replicas: round robin vs least outstanding work, prompts of very different lengths
+    import numpy as np
+
     from labkit.serving import Request
     from labkit.serving.studies import routing
-    import numpy as np
     rng = np.random.default_rng(1)
     n_req = 8 if quick else 16
     long_p, short_p = (256, 16) if quick else (512, 24)
