@@ -152,10 +152,10 @@ def run(quick: bool = False) -> dict:
     from labkit.serving import Request
     from labkit.serving.studies import routing
     rng = np.random.default_rng(1)
-    n_req = 8 if quick else 16
+    n_req = 8 if quick else 24
     long_p, short_p = (256, 16) if quick else (512, 24)
     lens = rng.choice([long_p, short_p], size=n_req, p=[0.35, 0.65])
-    arrivals = np.cumsum(rng.exponential(1.0, n_req))
+    arrivals = np.cumsum(rng.exponential(0.3, n_req))
     mixed = [Request(i, source[97 * i: 97 * i + int(p)], 16, arrival=float(a)) for i, (p, a) in enumerate(zip(lens, arrivals))]
     rt = routing(model, mixed, 2)
     report["routing"] = {k: {"summary": v["summary"], "route": v["route"]} for k, v in rt.items()}
