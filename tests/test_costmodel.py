@@ -38,8 +38,17 @@ def test_kv_bytes_per_token_uses_kv_heads_and_head_dim():
     assert kv_bytes_per_token(L2_70B) == 320 * 1024
     assert kv_bytes_per_token(L32_3B) == 112 * 1024
     assert kv_bytes_per_token(L32_1B) == 32 * 1024
-    # int8 KV with an fp16 scale per 64 values: 8.25 / 16 of fp16 ("halves", against fp16)
-    assert kv_bytes_per_token(L2_13B, 8) / kv_bytes_per_token(L2_13B) == pytest.approx(8.25 / 16)
+    # int8 KV with an fp16 scale and minimum per 64 values (labkit's quantized caches): 8.5 / 16 of fp16
+    assert kv_bytes_per_token(L2_13B, 8) / kv_bytes_per_token(L2_13B) == pytest.approx(8.5 / 16)
+    # one formula: the cost model, the KV-cache memory arithmetic and the config agree, 4-bit groups included
+    from labkit import kvcache
+    from labkit.model import ModelConfig
+    cfg = ModelConfig.from_name("llama-2-7b")
+    for bits, group in ((16, None), (8, 64), (4, 64), (4, 32)):
+        want = cfg.kv_bytes_per_token(bits / 8, group)
+        assert kvcache.kv_bytes_per_token(cfg, bits, group) == want
+        assert kv_bytes_per_token(cfg, bits, group or 64) == want
+    assert cfg.kv_bytes_per_token(0.5, 64) / cfg.kv_bytes_per_token(2) == 4.5 / 16
 
 
 def test_group_scales_add_bits():

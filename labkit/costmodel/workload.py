@@ -28,6 +28,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from labkit.model.config import kv_bytes
+
 __all__ = ["ModelShape", "Work", "bits_per_element", "prefill_work", "decode_work", "kv_bytes_per_token", "resolve_config",
            "check_lengths"]
 
@@ -152,7 +154,7 @@ def kv_bytes_per_token(config, kv_bits: float = 16, kv_group: int = 64) -> float
     819200.0
     """
     shape = ModelShape.of(config)
-    return shape.kv_elems_per_token * bits_per_element(kv_bits, kv_group, 16, 0) / 8
+    return kv_bytes(shape.kv_elems_per_token, kv_bits, kv_group)  # the config's formula (scale and minimum per group)
 
 
 @dataclass
@@ -192,7 +194,7 @@ def _head_bytes(shape: ModelShape, weight_bits, tp, weight_group) -> float:
 def _device_parts(shape: ModelShape, weight_bits, kv_bits, act_bits, tp, weight_group, kv_group):
     w_bytes = shape.streamed_params * bits_per_element(weight_bits, weight_group, 16, 16) / 8 / tp
     kv_heads_dev = max(shape.n_kv_heads / tp, 1)
-    kv_tok = 2 * shape.n_layers * kv_heads_dev * shape.head_dim * bits_per_element(kv_bits, kv_group, 16, 0) / 8
+    kv_tok = kv_bytes(2 * shape.n_layers * kv_heads_dev * shape.head_dim, kv_bits, kv_group)
     a_bytes = max(act_bits, 8) / 8
     return w_bytes, kv_tok, a_bytes
 

@@ -39,11 +39,9 @@ def kv_bytes_per_token(model, bits: float = 16, group_size: int | None = None) -
     group of `group_size` values also stores a float16 scale and minimum.
     """
     cfg = _config(model)
-    if not bits > 0:
-        raise ValueError(f"bits must be > 0, got {bits}")
-    values = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim
-    per_value = bits / 8 + (4 / group_size if group_size else 0)
-    return values * per_value
+    if not hasattr(cfg, "kv_bytes_per_token"):
+        raise TypeError(f"expected a labkit model or its ModelConfig, got {type(cfg).__name__}")
+    return cfg.kv_bytes_per_token(bits / 8, group_size)  # the config's formula: one place
 
 
 def memory_rows(configs, context: int = 4096, bits: float = 16) -> list[dict]:

@@ -7,7 +7,7 @@ parameter counts, FLOPs); `labkit.load` builds the config of a real model from i
 
     >>> cfg = ModelConfig.from_name("llama-2-13b")
     >>> cfg.kv_bytes_per_token(bytes_per_value=2)      # K and V, 40 layers, 40 heads of 128, fp16
-    819200
+    819200.0
 """
 from __future__ import annotations
 
@@ -116,10 +116,30 @@ class ModelConfig:
         attend = context_len + 1
         return 2 * self.matmul_params() + 4 * self.n_layers * self.n_heads * self.head_dim * attend
 
-    def kv_bytes_per_token(self, bytes_per_value: float = 2) -> float:
-        """KV cache bytes per token: 2 (K and V) · n_layers · n_kv_heads · head_dim · bytes."""
-        values = 2 * self.n_layers * self.n_kv_heads * self.head_dim
-        return values * bytes_per_value
+    def kv_bytes_per_token(self, bytes_per_value: float = 2, group_size: int | None = None) -> float:
+        """KV cache bytes per token: 2 (K and V) · n_layers · n_kv_heads · head_dim values (`kv_bytes`).
+
+        Below 2 bytes a value, `group_size` adds each group's float16 scale and minimum.
+        """
+        return kv_bytes(2 * self.n_layers * self.n_kv_heads * self.head_dim, 8 * bytes_per_value, group_size)
+
+
+def kv_bytes(n_values: float, bits: float = 16, group_size: int | None = None) -> float:
+    """Bytes `n_values` cached keys and values take at `bits` each: the lab's one KV size formula.
+
+    Below 16 bits with `group_size`, every group of that many values also stores a float16 scale and a
+    float16 minimum, as labkit's quantized caches do (`labkit.kvcache.quantize`, KIVI): 4 bits in groups
+    of 64 are 4.5 bits a value. The KV-cache chapter, the serving memory and the cost model all use it.
+
+    >>> kv_bytes(1000, 16), kv_bytes(1000, 4, 64)
+    (2000.0, 562.5)
+    """
+    if not (isinstance(bits, (int, float)) and not isinstance(bits, bool) and 1 <= bits <= 64):
+        raise ValueError(f"bits must be a number between 1 and 64 (float64), got {bits!r}")
+    if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1):
+        raise ValueError(f"group_size must be None or a positive integer, got {group_size!r}")
+    per_value = bits + (32 / group_size if group_size and bits < 16 else 0)
+    return n_values * per_value / 8
 
 
 PRESETS: dict[str, dict] = {
