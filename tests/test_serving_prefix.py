@@ -28,7 +28,7 @@ def test_hits_derived_by_hand():
     t.free("a")  # nobody holds them now: free, but still findable until allocated again
     assert t.n_free == 16 and t.cached_prefix(a[:8] + [99]) != []
     cached = t.cached_prefix(a[:8] + [99])
-    assert t.fits_after(cached, 1) and t.adopt("b", cached, a[:8] + [99]) == 8
+    assert t.fits_after(cached, 1) and t.adopt("b", cached) == 8
     assert t.n_free == 14 and t.lengths["b"] == 8
     for _ in range(14):  # allocating every other block evicts nothing held
         t.manager.allocate()

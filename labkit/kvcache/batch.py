@@ -118,19 +118,16 @@ class BlockTables:
         revived = sum(1 for b in blocks if self.manager.ref_count[b] == 0)
         return math.ceil((len(blocks) * self.block_size + n_new) / self.block_size) - len(blocks) + revived <= self.n_free
 
-    def adopt(self, key, blocks: list[int], tokens) -> int:
-        """Start the new sequence `key` on cached `blocks` (from `cached_prefix(tokens)`); returns the tokens they hold."""
+    def adopt(self, key, blocks: list[int]) -> int:
+        """Start the new sequence `key` on cached `blocks` (from `cached_prefix`); returns the tokens they hold."""
         if self.tables.get(key):
             raise ValueError(f"sequence {key!r} already holds blocks; only a new sequence adopts a cached prefix")
-        self.tables.setdefault(key, [])
         for block in blocks:
             self.manager.incref(block)
         self.tables[key] = list(blocks)
         self.lengths[key] = len(blocks) * self.block_size
-        parent = b""
-        for i in range(len(blocks)):
-            parent = hash_block(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
-        self._hashed[key] = (len(blocks), parent)
+        # registered blocks carry their chained hash: the chain goes on from the last one
+        self._hashed[key] = (len(blocks), self.manager.block_hash[blocks[-1]] if blocks else b"")
         return self.lengths[key]
 
     def register_full(self, key, tokens) -> None:

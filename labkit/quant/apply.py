@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from labkit.quant.blocklinear import ACTIVATIONS, BLOCK_FORMATS, BlockLinear
+from labkit.quant.blocklinear import BlockLinear, check_options
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
 from labkit.quant.linear import QuantLinear, layout, packed_layout_problem
 from labkit.quant.rtn import quantize
@@ -137,8 +137,7 @@ def _quantize_blocks(model, method, bits, group_size, calib, include_head, inpla
     if bits is not None or group_size is not None:
         raise ValueError(f"fmt={fmt!r} fixes the bits and the block; pass fmt or bits/group_size, not both "
                          f"(got bits={bits!r}, group_size={group_size!r})")
-    if fmt not in BLOCK_FORMATS or activations not in ACTIVATIONS:
-        BlockLinear(torch.zeros(1, 64), fmt, activations, sums)  # raises the ValueError that names the choice
+    check_options(fmt, activations, sums)  # before the copy: a bad choice fails at once, naming itself
     out = model if inplace else copy.deepcopy(model)
     out.requires_grad_(False)
     _replace_linears(out, lambda w: BlockLinear(w, fmt, activations, sums), include_head)

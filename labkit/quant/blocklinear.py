@@ -21,14 +21,15 @@ from torch import nn
 
 from labkit.quant import ggml, intdot, mx
 
-__all__ = ["BlockLinear", "BLOCK_FORMATS", "INT_ACT_FORMATS", "ACTIVATIONS"]
+__all__ = ["BlockLinear", "BLOCK_FORMATS", "INT_ACT_FORMATS", "ACTIVATIONS", "check_options"]
 
 INT_ACT_FORMATS = ("Q8_0", "Q4_1")
 BLOCK_FORMATS = INT_ACT_FORMATS + tuple(mx.FORMATS)
 ACTIVATIONS = ("float", "int8")
 
 
-def _check(fmt, activations, sums):
+def check_options(fmt, activations, sums) -> None:
+    """ValueError naming the first of fmt, activations, sums that this layer cannot do."""
     if fmt not in BLOCK_FORMATS:
         raise ValueError(f"fmt must be one of {BLOCK_FORMATS}, got {fmt!r}")
     if activations not in ACTIVATIONS:
@@ -46,7 +47,7 @@ class BlockLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, fmt: str, activations: str = "float", sums: str = "int_mm"):
         super().__init__()
-        _check(fmt, activations, sums)
+        check_options(fmt, activations, sums)
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 2:
             raise TypeError(f"weight must be a floating-point matrix [out, in], got {type(weight).__name__} "
                             f"{tuple(getattr(weight, 'shape', ()))}")

@@ -150,7 +150,7 @@ class Scheduler:
         if req.id not in self.blocks.tables:
             self.blocks.add(req.id)
         if cached:  # the prefix's keys and values are there already: the request starts after them
-            req.n_cached = req.cached_tokens = self.blocks.adopt(req.id, cached, req.tokens)
+            req.n_cached = req.cached_tokens = self.blocks.adopt(req.id, cached)
         self.blocks.reserve(req.id, n_reserve)
         req.status = Status.RUNNING
         self.running.append(req)
