@@ -140,3 +140,28 @@ def test_running_out_of_blocks_is_a_clear_error_that_changes_nothing():
     with pytest.raises(ValueError, match="out of KV blocks: 4 new tokens need 1 blocks, 0 of 2 are free"):
         model(ids(4), cache=cache)
     assert cache.seq_len == 6 and cache.block_tables == [[0, 1]]
+
+
+@torch.inference_mode()
+def test_one_store_a_request_cache_and_the_serving_batch_share_blocks():
+    """PagedCache and PagedBatch are two views of one BlockPool: a prefix one computed, the other adopts."""
+    from labkit.kvcache.batch import PagedBatch
+
+    model = tiny(seed=6)
+    pool = BlockPool(model.config, num_blocks=16, block_size=4)
+    prompt = ids(11, seed=7)[0].tolist()
+    single = PagedCache(model.config, block_size=4, pool=pool, max_len=32)
+    labkit.prefill(model, prompt, cache=single)  # registers blocks [0:4] and [4:8]
+    batch = PagedBatch(model.config, block_size=4, pool=pool)
+    assert batch.block_bytes() == single.pool.block_bytes() == pool.block_bytes()
+    batch.add("r")
+    cached = pool.tables.cached_prefix(prompt)
+    assert cached == single.block_tables[0][:2]
+    pool.tables.free("r")
+    assert pool.tables.adopt("r", cached) == 8
+    batch.plan([("r", 3)])
+    logits = model(torch.tensor([prompt[8:]]), cache=batch, last_only=True)[0, 0]
+    torch.testing.assert_close(logits, model(torch.tensor([prompt]))[0, -1], atol=2e-5, rtol=0)
+    _invariants(pool, [single, type("Rows", (), {"block_tables": [pool.tables.tables["r"]]})()])
+    keys, values = batch.export_kv("r")
+    assert torch.equal(keys[:, :8], torch.stack([single.layer_kv(layer)[0][0].transpose(0, 1)[:8] for layer in range(2)]))

@@ -1,12 +1,12 @@
-"""The paged KV cache: fixed-size blocks, a block table per sequence, shared blocks.
+"""The paged KV cache of one request: a view over the one block store (`labkit.kvcache.blocks`).
 
-Follows Kwon et al. 2023, "Efficient Memory Management for Large Language Model Serving
-with PagedAttention" (vLLM), with the bookkeeping of nano-vllm's `BlockManager`: a pool
-of `num_blocks` blocks of `block_size` tokens, a free list, a reference count per block
-and, per sequence, a block table (logical block i -> physical block id). Token t lives
-in block `block_table[t // block_size]` at offset `t % block_size`, so a sequence wastes
-at most `block_size - 1` slots (internal fragmentation) instead of a whole preallocated
-context.
+Follows Kwon et al. 2023 (vLLM's PagedAttention): keys and values live in fixed-size
+blocks of a `BlockPool`, and the cache holds, per sequence of its batch, a block table
+(logical block i -> physical block id) in the pool's `BlockTables`. Token t lives in block
+`block_table[t // block_size]` at offset `t % block_size`, so a sequence wastes at most
+`block_size - 1` slots (internal fragmentation) instead of a whole preallocated context.
+The serving engine's `PagedBatch` pages over the same kind of pool, with the same books,
+gather and block size arithmetic: one store, two views.
 
 Sharing: `fork()` copies the block table and bumps the reference counts (beams, parallel
 samples); writing into a block that is shared first copies it (copy-on-write). Prefix
@@ -25,99 +25,17 @@ blocks, so it runs anywhere.
 """
 from __future__ import annotations
 
-import hashlib
+import itertools
 import math
-from collections import deque
 
 import torch
 
 from labkit.kvcache.base import KVCache, causal_mask
+from labkit.kvcache.blocks import BlockManager, BlockPool, hash_block
 
 __all__ = ["BlockManager", "BlockPool", "PagedCache", "hash_block"]
 
-NONE_HASH = b""  # the "parent" of block 0
-
-
-def hash_block(parent: bytes, tokens) -> bytes:
-    """Hash of a full block: its tokens chained to its parent block's hash (deterministic)."""
-    h = hashlib.blake2b(parent, digest_size=16)
-    h.update(torch.as_tensor(list(tokens), dtype=torch.int64).numpy().tobytes())
-    return h.digest()
-
-
-class BlockManager:
-    """Free list, reference counts and the prefix-hash table of `num_blocks` blocks.
-
-    A block whose count drops to 0 goes to the back of the free list but keeps its hash,
-    so a later request can still find it; `allocate` takes the front (least recently
-    freed) block and forgets its hash.
-    """
-
-    def __init__(self, num_blocks: int):
-        self.num_blocks = num_blocks
-        self.free: deque[int] = deque(range(num_blocks))
-        self.ref_count = [0] * num_blocks
-        self.block_hash: list[bytes | None] = [None] * num_blocks
-        self.hash_to_block: dict[bytes, int] = {}
-
-    @property
-    def n_free(self) -> int:
-        return len(self.free)
-
-    @property
-    def n_used(self) -> int:
-        return self.num_blocks - len(self.free)
-
-    def allocate(self) -> int:
-        if not self.free:
-            raise ValueError(f"out of KV blocks: all {self.num_blocks} blocks are in use; create the cache with a larger num_blocks")
-        block = self.free.popleft()
-        if self.block_hash[block] is not None:  # evict a cached prefix block
-            del self.hash_to_block[self.block_hash[block]]
-            self.block_hash[block] = None
-        self.ref_count[block] = 1
-        return block
-
-    def incref(self, block: int) -> None:
-        if self.ref_count[block] == 0:
-            self.free.remove(block)  # a cached block comes back to life
-        self.ref_count[block] += 1
-
-    def decref(self, block: int) -> None:
-        if self.ref_count[block] <= 0:
-            raise RuntimeError(f"block {block} is already free")
-        self.ref_count[block] -= 1
-        if self.ref_count[block] == 0:
-            self.free.append(block)
-
-    def lookup(self, block_hash: bytes) -> int | None:
-        return self.hash_to_block.get(block_hash)
-
-    def register(self, block: int, block_hash: bytes) -> None:
-        if block_hash not in self.hash_to_block and self.block_hash[block] is None:
-            self.hash_to_block[block_hash] = block
-            self.block_hash[block] = block_hash
-
-
-class BlockPool:
-    """The physical memory: keys and values [n_layers, num_blocks, n_kv_heads, block_size, head_dim]."""
-
-    def __init__(self, config, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
-        shape = (config.n_layers, num_blocks, config.n_kv_heads, block_size, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size, self.num_blocks = block_size, num_blocks
-        self.manager = BlockManager(num_blocks)
-
-    def block_bytes(self) -> int:
-        return 2 * self.keys[:, 0].numel() * self.keys.element_size()
-
-    def bytes_total(self) -> int:
-        return self.num_blocks * self.block_bytes()
-
-    def bytes_in_use(self) -> int:
-        """Bytes of blocks some sequence references (a shared block counts once)."""
-        return self.manager.n_used * self.block_bytes()
+_views = itertools.count()  # each cache's sequences are keyed (view number, row) in the pool's tables
 
 
 class PagedCache(KVCache):
@@ -141,72 +59,62 @@ class PagedCache(KVCache):
             raise ValueError(f"block_size {block_size} differs from the pool's {pool.block_size}")
         self.pool = pool or BlockPool(config, num_blocks, block_size, self.dtype, self.device)
         self.block_size = block_size
-        self.block_tables: list[list[int]] = [[] for _ in range(self.batch_size)]
-        self._hashes: list[bytes] = []  # hash chain of the full blocks registered (batch 1)
-        self._len = 0
+        view = next(_views)
+        self._keys = [(view, b) for b in range(self.batch_size)]  # this cache's sequences in the pool's tables
+        for key in self._keys:
+            self.pool.tables.add(key)
         self._write = self._table = self._mask = None
 
     @property
+    def block_tables(self) -> list[list[int]]:
+        return [self.pool.tables.tables[key] for key in self._keys]
+
+    @property
     def seq_len(self) -> int:
-        return self._len
+        return self.pool.tables.lengths[self._keys[0]]
 
     # ---- the protocol -----------------------------------------------------------------
 
     def begin(self, n_new: int) -> torch.Tensor:
         self.check_new(n_new)
-        bs, end = self.block_size, self._len + n_new
-        n_blocks = math.ceil(end / bs)
-        refs = self.pool.manager.ref_count
-        copies = sum(1 for t in self.block_tables if self._len % bs and refs[t[-1]] > 1)  # copy-on-write
-        needed = sum(max(0, n_blocks - len(t)) for t in self.block_tables) + copies
-        if needed > self.pool.manager.n_free:
-            raise ValueError(f"out of KV blocks: {n_new} new tokens need {needed} blocks, {self.pool.manager.n_free} "
-                             f"of {self.pool.num_blocks} are free; create the cache with a larger num_blocks")
-        for table in self.block_tables:
-            if self._len % bs:
-                self._copy_on_write(table)
-            while len(table) < n_blocks:
-                table.append(self.pool.manager.allocate())
+        pool, tables, bs, start = self.pool, self.pool.tables, self.block_size, self.seq_len
+        refs = pool.manager.ref_count
+        copies = sum(1 for t in self.block_tables if start % bs and refs[t[start // bs]] > 1)  # copy-on-write
+        needed = sum(tables.blocks_needed(key, n_new) for key in self._keys) + copies
+        if needed > pool.manager.n_free:
+            raise ValueError(f"out of KV blocks: {n_new} new tokens need {needed} blocks, {pool.manager.n_free} "
+                             f"of {pool.num_blocks} are free; create the cache with a larger num_blocks")
+        for key in self._keys:
+            pool.copy_on_write(key, start)
+            tables.reserve(key, n_new)
         self._n_new = n_new
-        positions = self.new_positions(self._len, n_new)
-        table = torch.tensor(self.block_tables, dtype=torch.long, device=self.device)  # [B, n_blocks]
-        self._write = (table[:, positions // bs].reshape(-1), (positions % bs).repeat(self.batch_size))  # [B·n_new] each
-        self._table = table
-        self._mask = causal_mask(n_new, end, self.device)
+        positions = self.new_positions(start, n_new)
+        slots = [pool.slots(key, start, n_new) for key in self._keys]
+        self._write = (torch.cat([b for b, _ in slots]), torch.cat([o for _, o in slots]))  # [B·n_new] each
+        self._table = pool.table_tensor(self._keys)  # [B, n_blocks]
+        self._mask = causal_mask(n_new, start + n_new, self.device)
         return positions
-
-    def _copy_on_write(self, table: list[int]) -> None:
-        """The last block is partly filled and about to be written: if shared, copy it first."""
-        manager, old = self.pool.manager, table[-1]
-        if manager.ref_count[old] > 1:
-            new = manager.allocate()
-            self.pool.keys[:, new] = self.pool.keys[:, old]
-            self.pool.values[:, new] = self.pool.values[:, old]
-            manager.decref(old)
-            table[-1] = new
 
     def update(self, layer, k, v, rope):
         if layer == 0:
             self.check_kv(layer, k, v)
-        end = self._len + self._n_new
+        end = self.seq_len + self._n_new
         blocks, offsets = self._write
         H, D = k.shape[1], k.shape[3]  # k arrives rotated (rotate_new_keys)
-        # [B, H, n_new, D] -> [B·n_new, H, D]: one row per token, written at (block, :, offset)
-        self.pool.keys[layer][blocks, :, offsets] = k.transpose(1, 2).reshape(-1, H, D)
-        self.pool.values[layer][blocks, :, offsets] = v.transpose(1, 2).reshape(-1, H, D)
-        return self._gather(self.pool.keys[layer], end), self._gather(self.pool.values[layer], end), self._mask
+        # [B, H, n_new, D] -> [B·n_new, H, D]: one row per token, written at (block, offset)
+        self.pool.keys[layer][blocks, offsets] = k.transpose(1, 2).reshape(-1, H, D)
+        self.pool.values[layer][blocks, offsets] = v.transpose(1, 2).reshape(-1, H, D)
+        return self._read(layer, self._table, end) + (self._mask,)
 
-    def _gather(self, store: torch.Tensor, end: int) -> torch.Tensor:
-        """Read the table's blocks in order: store [num_blocks, H, bs, D] -> [B, H, end, D]."""
-        B, nb = self._table.shape
-        _, H, bs, D = store.shape
-        blocks = store.index_select(0, self._table.reshape(-1)).view(B, nb, H, bs, D)  # one copy (2-D indexing is far slower)
-        return blocks.permute(0, 2, 1, 3, 4).reshape(B, H, nb * bs, D)[:, :, :end]
+    def _read(self, layer: int, table: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `layer` through `table`: [B, H, end, D] each (the pool's one gather)."""
+        return tuple(self.pool.gather(store[layer], table)[:, :, :end] for store in (self.pool.keys, self.pool.values))
 
     def end(self) -> None:
         if self._n_new is None:
             raise RuntimeError("end() called without begin()")
-        self._len += self._n_new
+        for key in self._keys:
+            self.pool.tables.commit(key, self._n_new)
         self._n_new = self._write = self._table = self._mask = None
 
     def abort(self) -> None:
@@ -214,12 +122,9 @@ class PagedCache(KVCache):
 
     def reset(self) -> None:
         """Give every block back to the pool (cached prefix blocks keep their hash)."""
-        for table in self.block_tables:
-            for block in table:
-                self.pool.manager.decref(block)
-            table.clear()
-        self._hashes.clear()
-        self._len = 0
+        for key in self._keys:
+            self.pool.tables.free(key)
+            self.pool.tables.add(key)
         self.abort()
 
     release = reset
@@ -228,15 +133,15 @@ class PagedCache(KVCache):
         return sum(len(t) for t in self.block_tables) * self.pool.block_bytes()
 
     def bytes_used(self) -> int:
-        return self.batch_size * self._len * self.pool.block_bytes() // self.block_size
+        return self.batch_size * self.seq_len * self.pool.block_bytes() // self.block_size
 
     def layer_kv(self, layer: int, rope=None) -> tuple[torch.Tensor, torch.Tensor]:
         """What `layer` attends over: keys (rotated) and values [B, n_kv_heads, seq_len, head_dim]."""
-        self._table = torch.tensor(self.block_tables, dtype=torch.long, device=self.device)
-        try:
-            return self._gather(self.pool.keys[layer], self._len), self._gather(self.pool.values[layer], self._len)
-        finally:
-            self._table = None
+        if self.seq_len == 0:
+            c = self.config
+            empty = torch.zeros(self.batch_size, c.n_kv_heads, 0, c.head_dim, dtype=self.dtype, device=self.device)
+            return empty, empty.clone()
+        return self._read(layer, self.pool.table_tensor(self._keys), self.seq_len)
 
     # ---- sharing ----------------------------------------------------------------------
 
@@ -246,11 +151,8 @@ class PagedCache(KVCache):
             raise RuntimeError("fork() during a forward pass")
         child = PagedCache(self.config, block_size=self.block_size, pool=self.pool, max_len=self.max_len,
                            batch_size=self.batch_size, dtype=self.dtype, device=self.device)
-        child.block_tables = [list(t) for t in self.block_tables]
-        for table in child.block_tables:
-            for block in table:
-                self.pool.manager.incref(block)
-        child._len, child._hashes = self._len, list(self._hashes)
+        for key, child_key in zip(self._keys, child._keys):
+            self.pool.tables.fork(key, child_key)
         return child
 
     def reuse_prefix(self, ids) -> int:
@@ -259,33 +161,17 @@ class PagedCache(KVCache):
         Only full blocks are shared, and at least one token is left to compute, so the
         caller runs the model on `ids[n:]`. Needs an empty cache with batch_size 1.
         """
-        ids = list(ids)
-        if self._len or self.batch_size != 1:
+        if self.seq_len or self.batch_size != 1:
             raise ValueError("reuse_prefix needs an empty cache with batch_size=1")
-        parent, manager, bs = NONE_HASH, self.pool.manager, self.block_size
-        for i in range((len(ids) - 1) // bs):
-            h = hash_block(parent, ids[i * bs:(i + 1) * bs])
-            block = manager.lookup(h)
-            if block is None:
-                break
-            manager.incref(block)
-            self.block_tables[0].append(block)
-            self._hashes.append(h)
-            parent = h
-        self._len = len(self.block_tables[0]) * bs
-        return self._len
+        tables = self.pool.tables
+        return tables.adopt(self._keys[0], tables.cached_prefix(list(ids)))
 
     def register_prefix(self, ids) -> None:
         """Make this sequence's full blocks findable by `reuse_prefix`; `ids` = the tokens it holds."""
         ids = list(ids)
-        if len(ids) != self._len or self.batch_size != 1:
-            raise ValueError(f"register_prefix needs the {self._len} tokens the cache holds (batch_size 1), got {len(ids)}")
-        bs, table = self.block_size, self.block_tables[0]
-        for i in range(len(self._hashes), self._len // bs):
-            parent = self._hashes[-1] if self._hashes else NONE_HASH
-            self._hashes.append(hash_block(parent, ids[i * bs:(i + 1) * bs]))
-            self.pool.manager.register(table[i], self._hashes[-1])
-
+        if len(ids) != self.seq_len or self.batch_size != 1:
+            raise ValueError(f"register_prefix needs the {self.seq_len} tokens the cache holds (batch_size 1), got {len(ids)}")
+        self.pool.tables.register_full(self._keys[0], ids)
     # ---- checkpoints (labkit.generation.state) ----------------------------------------------
 
     def options(self) -> dict:
@@ -294,7 +180,7 @@ class PagedCache(KVCache):
 
     def state_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
         keys, values = zip(*(self.layer_kv(layer) for layer in range(self.config.n_layers)))
-        return {"keys": torch.stack(keys), "values": torch.stack(values)}, {"seq_len": self._len}
+        return {"keys": torch.stack(keys), "values": torch.stack(values)}, {"seq_len": self.seq_len}
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Write saved keys/values [L, B, H, T, D] into fresh blocks (keys are already rotated)."""

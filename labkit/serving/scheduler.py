@@ -1,7 +1,7 @@
 """Which requests run in the next step, and how many of their tokens: three batching policies.
 
 In the spirit of nano-vllm's `Scheduler` and vLLM's: a queue of waiting requests, a list
-of running ones, and KV blocks (`labkit.kvcache.batch.BlockTables`) that every running
+of running ones, and KV blocks (`labkit.kvcache.blocks.BlockTables`) that every running
 request holds. Each step `schedule()` returns rows `(request, n_tokens)` for one batched
 forward pass, under two limits: `max_batch` running requests and `token_budget` tokens
 per pass.
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from labkit.kvcache.batch import BlockTables
+from labkit.kvcache.blocks import BlockTables
 from labkit.serving.request import Request, Status
 
 __all__ = ["Scheduler", "POLICIES"]

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from labkit.kvcache.batch import BlockTables
+from labkit.kvcache.blocks import BlockTables
 from labkit.serving.engine import Engine, Replay, Step, run_trace
 from labkit.serving.request import Request
 from labkit.serving.scheduler import Scheduler
