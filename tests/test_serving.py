@@ -91,11 +91,14 @@ def five_requests():
     ("chunked", 16, [[(0, 4), (1, 4), (2, 4), (3, 4)], [(0, 1), (1, 1), (3, 1), (4, 4)], [(1, 1), (4, 1)]]),
     ("static", 16, [[(0, 4), (1, 4), (2, 4), (3, 4)], [(0, 1), (1, 1), (3, 1)], [(1, 1)], [(4, 4)], [(4, 1)]]),
     ("chunked", 8, [[(0, 4), (1, 4)], [(0, 1), (1, 1), (2, 4), (3, 2)], [(1, 1), (3, 2), (4, 4)], [(3, 1), (4, 1)]]),
+    ("orca", 16, [[(0, 4), (1, 4), (2, 4), (3, 4)], [(0, 1), (1, 1), (3, 1), (4, 4)], [(1, 1), (4, 1)]]),
+    ("orca", 8, [[(0, 4), (1, 4)], [(0, 1), (1, 1), (2, 4)], [(1, 1), (3, 4)], [(3, 1), (4, 4)], [(4, 1)]]),
 ])
 def test_scheduler_batches_match_the_hand_derivation(policy, budget, expected):
     """continuous: request 2 ends after its prefill, its free slot admits 4 in a prefill-only step, then all
     decode. chunked: the free slot's prefill rides along with the decodes. static: 4 waits until the whole
-    first batch is done. chunked at budget 8: decodes first, then whole prompts, then a 2-token chunk of 3."""
+    first batch is done. chunked at budget 8: decodes first, then whole prompts, then a 2-token chunk of 3.
+    orca: the decodes and whole new prompts share a pass; at budget 8 a prompt that does not fit whole waits."""
     steps, _ = simulate(policy, five_requests(), max_batch=4, token_budget=budget, block_size=4, num_blocks=100)
     assert steps == expected
 
@@ -113,7 +116,7 @@ def block_invariants(scheduler: Scheduler) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(policy=st.sampled_from(["static", "continuous", "chunked"]), num_blocks=st.integers(6, 24),
+@given(policy=st.sampled_from(["static", "continuous", "orca", "chunked"]), num_blocks=st.integers(6, 24),
        max_batch=st.integers(1, 6), lengths=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 9)), min_size=1, max_size=10))
 def test_blocks_are_never_leaked_or_freed_twice(policy, num_blocks, max_batch, lengths):
     reqs = [Request(i, list(range(1, p + 1)), r) for i, (p, r) in enumerate(lengths)]
@@ -160,7 +163,7 @@ def test_bad_settings_name_the_parameter():
 # ---- the engine ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["static", "continuous", "chunked"])
+@pytest.mark.parametrize("policy", ["static", "continuous", "orca", "chunked"])
 def test_engine_replies_equal_generating_each_request_alone(tiny, policy):
     trace = poisson_trace(7, 50.0, prompt_len=(3, 30), reply_len=(1, 12), source=_ids(200, 9), seed=3)
     engine = Engine(tiny, policy=policy, max_batch=3, token_budget=48, block_size=4, num_blocks=40)
@@ -175,3 +178,19 @@ def test_engine_replies_equal_generating_each_request_alone(tiny, policy):
     summary = summarize(replay)
     assert summary["output_tokens"] == sum(r.max_new_tokens for r in trace)
     assert 0 < summary["kv_util_paged"] <= 1
+
+
+def test_preallocation_reserves_the_cap_clients_ask_for_not_the_reply_they_get():
+    """kv_util_prealloc reserves prompt + max_tokens per running request; kv_util_oracle the exact reply."""
+    equal = studies.simulate([Request(i, [1, 2, 3, 4], 5) for i in range(3)], lambda rows: 1.0, max_batch=4, block_size=4)
+    s = summarize(equal)
+    assert s["max_tokens"] == 5 and s["kv_util_prealloc"] == pytest.approx(s["kv_util_oracle"])  # every reply is the cap
+    mixed = studies.simulate(five_requests(), lambda rows: 1.0, max_batch=4, block_size=4)
+    s, capped = summarize(mixed), summarize(mixed, max_tokens=64)
+    assert s["max_tokens"] == 3 and s["kv_util_prealloc"] < s["kv_util_oracle"]
+    assert capped["kv_util_prealloc"] < s["kv_util_prealloc"]
+    # by hand, after the first pass: four prompts ran, request 2 ended at its first token, three run on
+    step = mixed.steps[0]
+    assert (step.n_running, step.prompt_tokens, step.kv_tokens) == (3, 12, 12)
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
+        summarize(mixed, max_tokens=0)

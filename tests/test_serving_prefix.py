@@ -54,7 +54,7 @@ def _invariants(sched) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(policy=st.sampled_from(["static", "continuous", "chunked"]), num_blocks=st.integers(8, 30),
+@given(policy=st.sampled_from(["static", "continuous", "orca", "chunked"]), num_blocks=st.integers(8, 30),
        max_batch=st.integers(1, 5),
        reqs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 8), st.floats(0, 3)),
                      min_size=1, max_size=10))

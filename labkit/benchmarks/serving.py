@@ -96,7 +96,7 @@ def run(quick: bool = False) -> dict:
     print(f"    continuous / static throughput {ratio:.2f}x (target >= 2x: {_mark(ratio >= 2)}), "
           f"p99 TTFT {co['ttft_p99_s']:.2f} vs {st['ttft_p99_s']:.2f} s (no worse: {_mark(co['ttft_p99_s'] <= st['ttft_p99_s'])})")
     util = summaries["continuous"]["kv_util_paged"]
-    print(f"    paged KV utilisation {util:.0%} (target >= 90%: {_mark(util >= 0.9)}); preallocating prompt + max_new_tokens "
+    print(f"    paged KV utilisation {util:.0%} (target >= 90%: {_mark(util >= 0.9)}); preallocating prompt + max_tokens "
           f"per request: {summaries['continuous']['kv_util_prealloc']:.0%}")
     gpu = modelled_policies({**(QUICK_TRACE if quick else TRACE), "n": 128 if quick else 512, "rate": 1000.0})
     report["policies_modelled_h100_llama2_7b"] = gpu

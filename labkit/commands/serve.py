@@ -23,7 +23,7 @@ def add_parser(sub):
                    "--allow-remote)")
     p.add_argument("--allow-remote", action="store_true", help="allow a --host other than 127.0.0.1 (prints a warning)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port; default: %(default)s)")
-    p.add_argument("--policy", default="chunked", choices=["static", "continuous", "chunked"], help="batching policy")
+    p.add_argument("--policy", default="chunked", choices=["static", "continuous", "orca", "chunked"], help="batching policy")
     p.add_argument("--max-batch", type=int, default=8, help="most requests decoding together (default: %(default)s)")
     p.add_argument("--token-budget", type=int, default=64, help="most tokens per forward pass (default: %(default)s)")
     p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default: %(default)s)")

@@ -1,4 +1,4 @@
-"""Which requests run in the next step, and how many of their tokens: three batching policies.
+"""Which requests run in the next step, and how many of their tokens: four batching policies.
 
 In the spirit of nano-vllm's `Scheduler` and vLLM's: a queue of waiting requests, a list
 of running ones, and KV blocks (`labkit.kvcache.blocks.BlockTables`) that every running
@@ -9,10 +9,14 @@ per pass.
 - **static**: wait for a full batch (or `max_wait_s`, or the end of the trace), reserve KV
   for every request's whole reply up front, run the batch until its last request ends.
   Nothing joins a batch in flight: a short reply's slot idles until the longest is done.
-- **continuous** (Yu et al. 2022, "Orca"; nano-vllm's order): admit waiting requests
-  whenever a slot, the blocks for the prompt and the budget allow; a step with new
-  prompts is a prefill-only step (prefill has priority), otherwise every running
-  request decodes one token.
+- **continuous** (vLLM v0's and nano-vllm's order): admit waiting requests whenever a
+  slot, the blocks for the prompt and the budget allow; a step with new prompts is a
+  *prefill-only* step (prefill has priority), otherwise every running request decodes one
+  token. The running requests wait out every new prompt's pass.
+- **orca** (Yu et al. 2022, "Orca", iteration-level scheduling with selective batching):
+  every running request decodes one token *and* waiting requests are admitted with their
+  whole prompt in the same pass, while the budget allows. No pass leaves the decoders out,
+  but a long prompt makes that pass long.
 - **chunked** (Agrawal et al. 2024, "Sarathi-Serve"; vLLM v1): every running request
   decodes first, then prompt chunks fill what is left of the budget, so a long prompt is
   prefilled a piece per step and never stalls the others' next tokens for long.
@@ -35,7 +39,7 @@ from labkit.serving.request import Request, Status
 
 __all__ = ["Scheduler", "POLICIES"]
 
-POLICIES = ("static", "continuous", "chunked")
+POLICIES = ("static", "continuous", "orca", "chunked")
 
 
 class Scheduler:
@@ -134,6 +138,8 @@ class Scheduler:
             return self._static(now, draining)
         if self.policy == "continuous":
             return self._continuous()
+        if self.policy == "orca":
+            return self._orca()
         return self._chunked()
 
     def _cached(self, req: Request) -> list[int]:
@@ -175,8 +181,9 @@ class Scheduler:
             budget -= n
         return rows
 
-    def _continuous(self) -> list[tuple[Request, int]]:
-        rows, budget = [], self.token_budget
+    def _admit_whole(self, budget: int) -> list[tuple[Request, int]]:
+        """Admit waiting requests with their whole (uncached) prompt while a slot, the blocks and `budget` allow."""
+        rows = []
         while self.waiting and len(self.running) < self.max_batch:
             req = self.waiting[0]
             cached = self._cached(req)
@@ -186,9 +193,17 @@ class Scheduler:
             self._admit(req, n, cached)
             rows.append((req, n))
             budget -= n
+        return rows
+
+    def _continuous(self) -> list[tuple[Request, int]]:
+        rows = self._admit_whole(self.token_budget)
         if rows:
             return rows  # prefill has priority: this step runs the new prompts only
-        return self._decode_running(budget)
+        return self._decode_running(self.token_budget)
+
+    def _orca(self) -> list[tuple[Request, int]]:
+        rows = self._decode_running(self.token_budget)  # the running requests decode in every pass
+        return rows + self._admit_whole(self.token_budget - len(rows))
 
     def _chunked(self) -> list[tuple[Request, int]]:
         budget = self.token_budget
@@ -234,3 +249,15 @@ class Scheduler:
                 return False
         self.blocks.reserve(req.id, n)
         return True
+
+    # ---- disaggregated prefill ---------------------------------------------------------------------
+
+    def add_prefilled(self, req: Request) -> None:
+        """Run `req` from the next step on, never queued: its blocks here already hold the keys and values of
+        all its tokens but the last (imported from a prefill instance), so it decodes."""
+        if req.id not in self.blocks.tables:
+            raise ValueError(f"request {req.id!r} holds no blocks here; import its keys and values first")
+        if len(self.running) >= self.max_batch:
+            raise ValueError(f"max_batch={self.max_batch} requests are running already; request {req.id!r} must wait")
+        req.n_cached, req.status = self.blocks.lengths[req.id], Status.RUNNING
+        self.running.append(req)

@@ -11,8 +11,10 @@ ranges, prompt tokens cut from a source text. Same seed, same trace.
 - **goodput** (Zhong et al. 2024, "DistServe"): requests per second that met the SLO,
   TTFT ≤ `ttft_slo_s` and mean ITL ≤ `itl_slo_s`;
 - **KV utilisation**: tokens held / slots in allocated blocks (paged), step by step, next
-  to the same tokens over what preallocating prompt + max_new_tokens per running request
-  would reserve (Kwon et al. 2023 measure waste this way).
+  to the same tokens over what a server that preallocates would reserve (Kwon et al. 2023
+  measure waste this way): prompt + `max_tokens` per running request (`kv_util_prealloc`:
+  a real server knows only the cap the client asked for), and prompt + the exact reply
+  (`kv_util_oracle`: a server that knew every reply's length in advance, which none does).
 """
 from __future__ import annotations
 
@@ -74,12 +76,20 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-def summarize(replay, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.1) -> dict:
-    """The headline numbers of a `labkit.serving.Replay` (see the module docstring)."""
+def summarize(replay, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.1, max_tokens: int | None = None) -> dict:
+    """The headline numbers of a `labkit.serving.Replay` (see the module docstring).
+
+    `max_tokens`: the reply cap every client asked for, which a preallocating server reserves
+    (default: the trace's longest reply, the smallest cap that lets every reply finish).
+    """
     for name, slo in (("ttft_slo_s", ttft_slo_s), ("itl_slo_s", itl_slo_s)):
         if not (isinstance(slo, (int, float)) and slo > 0):
             raise ValueError(f"{name} must be a positive number of seconds, got {slo!r}")
     reqs = replay.requests
+    if max_tokens is None:
+        max_tokens = max((r.max_new_tokens for r in reqs), default=1)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer (the reply cap clients asked for), got {max_tokens!r}")
     unfinished = [r.id for r in reqs if r.finish is None]
     if unfinished:
         raise ValueError(f"requests {unfinished[:5]} did not finish: replay the trace to its end first")
@@ -91,7 +101,8 @@ def summarize(replay, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.1) -> dict:
     steps = replay.steps
     held = np.array([s.kv_tokens for s in steps], dtype=float)
     slots = np.array([s.kv_slots for s in steps], dtype=float)
-    reserved = np.array([s.kv_reserved for s in steps], dtype=float)
+    oracle = np.array([s.kv_reserved for s in steps], dtype=float)
+    reserved = np.array([s.prompt_tokens + s.n_running * (max_tokens - 1) for s in steps], dtype=float)
     busy = slots > 0
     return {
         "policy": replay.policy,
@@ -105,6 +116,8 @@ def summarize(replay, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.1) -> dict:
         "slo_met": len(good) / len(reqs),
         "kv_util_paged": float((held[busy] / slots[busy]).mean()) if busy.any() else float("nan"),
         "kv_util_prealloc": float((held[busy] / np.maximum(reserved[busy], 1)).mean()) if busy.any() else float("nan"),
+        "kv_util_oracle": float((held[busy] / np.maximum(oracle[busy], 1)).mean()) if busy.any() else float("nan"),
+        "max_tokens": max_tokens,
         "steps": len(steps),
         "mean_batch": float(np.mean([len(s.rows) for s in steps])) if steps else 0.0,
         "preemptions": replay.preemptions,

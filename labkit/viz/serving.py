@@ -66,19 +66,22 @@ def load_curve_figure(rows: list[dict], modelled: list[dict] | None = None) -> g
     return fig
 
 
-def kv_usage_figure(replay, bytes_per_token: float, context: int | None = None) -> go.Figure:
-    """KV memory over time: tokens held, blocks allocated (paged), per-request preallocation, and the context's."""
+def kv_usage_figure(replay, bytes_per_token: float, context: int | None = None, max_tokens: int | None = None) -> go.Figure:
+    """KV memory over time: tokens held, blocks allocated (paged), preallocation of prompt + `max_tokens` (default:
+    the trace's longest reply) and of the exact reply per request, and of the whole context per request."""
     t = [round(s.end, 5) for s in replay.steps]
     mb = bytes_per_token / 2**20
+    cap = max_tokens or max(r.max_new_tokens for r in replay.requests)
     traces = [go.Scatter(x=t, y=[round(s.kv_tokens * mb, 3) for s in replay.steps], name="tokens held", fill="tozeroy",
                          line=dict(color="#2ca02c")),
               go.Scatter(x=t, y=[round(s.kv_slots * mb, 3) for s in replay.steps], name="paged: blocks allocated",
                          line=dict(color="#1f77b4")),
+              go.Scatter(x=t, y=[round((s.prompt_tokens + s.n_running * (cap - 1)) * mb, 3) for s in replay.steps],
+                         name=f"preallocated: prompt + max_tokens ({cap}) per request", line=dict(color="#ff7f0e", dash="dash")),
               go.Scatter(x=t, y=[round(s.kv_reserved * mb, 3) for s in replay.steps],
-                         name="preallocated: prompt + max_new_tokens per request", line=dict(color="#ff7f0e", dash="dash"))]
+                         name="preallocated with hindsight: prompt + the exact reply", line=dict(color="#8c564b", dash="dot"))]
     if context is not None:
-        n_running = [sum(1 for _ in s.rows) for s in replay.steps]
-        traces.append(go.Scatter(x=t, y=[round(n * context * mb, 3) for n in n_running],
+        traces.append(go.Scatter(x=t, y=[round(s.n_running * context * mb, 3) for s in replay.steps],
                                  name=f"preallocated: the whole {context}-token context per request", line=dict(color="#d62728", dash="dot")))
     fig = go.Figure(traces)
     fig.update_layout(title=wrap_title("KV cache memory during the trace: what paging allocates vs what preallocation reserves"),
