@@ -159,7 +159,20 @@ def _tp_worker(rank, world, model_name, prompt_ids, n_new):
     return {"prefill_logits": logits.tolist(), "ids": ids, "prefill_s": prefill_s, "step_s": step_s,
             "allreduce_s": after["seconds"], "allreduce_count": after["count"], "allreduce_bytes": after["bytes"],
             "allreduce_s_per_step": (after["seconds"] - before["seconds"]) / steps,
-            "kv_bytes_per_rank": cache.bytes_used()}
+            "allreduce_alone_s": _allreduce_alone(part.config.d_model) if world > 1 else 0.0,
+            "threads_per_rank": torch.get_num_threads(), "kv_bytes_per_rank": cache.bytes_used()}
+
+
+def _allreduce_alone(d_model: int, n: int = 40) -> float:
+    """Median seconds of one all-reduce of a token's activations [1, 1, d_model], back to back, nothing else
+    running: the transport's own latency, without waiting for a rank still computing."""
+    x, times = torch.zeros(1, 1, d_model), []
+    dist.barrier()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def run_tensor_parallel(model_name: str = "shakespeare", prompt_ids: list[int] | None = None, n_new: int = 8,
@@ -172,7 +185,8 @@ def run_tensor_parallel(model_name: str = "shakespeare", prompt_ids: list[int] |
     Returns: prefill_logits (float32 [V], last prompt position), ids, prefill_s, step_s
     (seconds of each decode step), step_s_median, allreduce_s, allreduce_count,
     allreduce_bytes (totals over prefill and decode), allreduce_s_per_step (decode only),
-    kv_bytes_per_rank, world. RuntimeError if the ranks disagree on the ids.
+    allreduce_alone_s (one all-reduce of a token's activations with nothing else running, median),
+    threads_per_rank (torch's intra-op threads: one, so two ranks fill two cores), kv_bytes_per_rank, world. RuntimeError if the ranks disagree on the ids.
     """
     check_request(model_name, [prompt_ids], n_new)
     outs = launch(_tp_worker, world, (model_name, list(prompt_ids), n_new), timeout_s)

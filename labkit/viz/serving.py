@@ -46,14 +46,16 @@ def gantt_figure(replay, title: str | None = None, height: int = 360) -> go.Figu
     return fig
 
 
-def load_curve_figure(rows: list[dict], modelled: list[dict] | None = None) -> go.Figure:
-    """Throughput (x) against latency (p50 and p99 TTFT, y) as the arrival rate rises, one curve per policy.
+def load_curve_figure(rows: list[dict], modelled: list[dict] | None = None,
+                      labels: tuple[str, str] = ("measured", "modelled")) -> go.Figure:
+    """Throughput (x) against latency (p99 TTFT, y) as the arrival rate rises, one curve per policy.
 
-    rows: {"policy", "rate", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s"} (from `labkit.serving.summarize`).
+    rows: {"policy", "rate", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s"} (from `labkit.serving.summarize`);
+    `labels` name the two sets of rows in the legend.
     """
     fig = go.Figure()
-    colors = {"static": "#7f7f7f", "continuous": "#1f77b4", "chunked": "#2ca02c"}
-    for label, data, dash in (("measured", rows, "solid"), ("modelled", modelled or [], "dot")):
+    colors = {"static": "#7f7f7f", "continuous": "#1f77b4", "orca": "#9467bd", "chunked": "#2ca02c"}
+    for label, data, dash in ((labels[0], rows, "solid"), (labels[1], modelled or [], "dot")):
         for policy in dict.fromkeys(r["policy"] for r in data):
             mine = sorted((r for r in data if r["policy"] == policy), key=lambda r: r["rate"])
             fig.add_scatter(x=[round(r["throughput_tok_s"], 2) for r in mine], y=[round(r["ttft_p99_s"], 4) for r in mine],
@@ -98,7 +100,7 @@ def itl_figure(results: list[dict]) -> go.Figure:
         gaps = sorted(((b, b - a) for req in r["running"] for a, b in zip(req.token_times, req.token_times[1:])))
         fig.add_scatter(x=[round(t, 4) for t, _ in gaps], y=[round(g * 1e3, 2) for _, g in gaps], mode="markers",
                         marker=dict(color=color),
-                        name=f"{r['policy']} (chunk {r['chunk']}): p99 during / median = {r['p99_over_median']:.1f}x")
+                        name=f"{r['policy']} (chunk {r['chunk']}): p99 during / undisturbed gap = {r['p99_over_undisturbed']:.1f}x")
         long = r["long"]  # each run has its own clock: its window is shaded in its own colour
         fig.add_vrect(x0=long.arrival, x1=long.first_token, opacity=0.1, line_width=0, fillcolor=color)
     fig.update_layout(title=wrap_title("Inter-token latency of decoding requests while a long prompt is prefilled "
