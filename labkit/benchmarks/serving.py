@@ -127,10 +127,10 @@ def run(quick: bool = False) -> dict:
                                  source=source)
         rows[f"{policy} {r['chunk']}"] = {k: v for k, v in r.items() if k not in ("running", "long")}
         print(f"  {policy:10s} chunk {r['chunk']:4d}: running requests' ITL during the long prefill p99 "
-              f"{r['p99_during_s'] * 1e3:7.1f} ms vs median {r['median_s'] * 1e3:5.1f} ms ({r['p99_over_median']:.1f}x); "
-              f"the long prompt's TTFT {r['ttft_long_s']:.2f} s")
-    best = rows["chunked 16"]["p99_over_median"]
-    print(f"    chunked prefill: p99 <= 2x median: {_mark(best <= 2)}")
+              f"{r['p99_during_s'] * 1e3:7.1f} ms vs the undisturbed gap {r['undisturbed_s'] * 1e3:5.1f} ms "
+              f"({r['p99_over_undisturbed']:.1f}x); the long prompt's TTFT {r['ttft_long_s']:.2f} s")
+    best = rows["chunked 16"]["p99_over_undisturbed"]
+    print(f"    chunked prefill: p99 during the prefill <= 2x the undisturbed gap: {_mark(best <= 2)}")
     report["prefill_interference"] = rows
 
     # 4. automatic prefix caching: a 1,000-token system prompt shared by every request
@@ -164,7 +164,28 @@ def run(quick: bool = False) -> dict:
         print(f"  2 replicas, {name:11s}: {n_req} requests ({long_p}- and {short_p}-token prompts): TTFT p50 "
               f"{sm['ttft_p50_s']:.2f} s, p99 {sm['ttft_p99_s']:.2f} s; throughput {sm['throughput_tok_s']:.1f} tok/s")
 
-    # 6. the endpoint, 7. two processes, 8. paper
+    # 6. disaggregated prefill (DistServe, Splitwise): two workers co-located vs one prefill + one decode engine
+    from labkit.serving.studies import disaggregation
+    sizes = dict(long_prompt=256, reply=16) if quick else {}
+    dg = disaggregation(model, source=source, **sizes)
+    report["disaggregation"] = dg
+    tr = dg["trace"]
+    print(f"  2 workers, {tr['n_running']} requests decoding while {tr['long_prompts']} prompts of {tr['long_prompt']} tokens arrive "
+          f"(KV link modelled at {dg['link_gb_s']:g} GB/s; {dg['kv_bytes_per_token'] / 1e3:.1f} kB of KV per token):")
+    print(f"    {'':22s} {'ITL p50':>8s} {'p99':>8s} {'p99 during prefill':>19s} {'long TTFT p50':>14s} {'tok/s':>6s} "
+          f"{'KV moved/long':>13s} {'transfer':>9s}")
+    for way in ("continuous", "chunked", "disaggregated"):
+        r = dg[way]
+        moved = (f"{r['kv_bytes_per_long'] / 1e6:10.1f} MB {r['transfer_s_per_long'] * 1e3:7.1f} ms"
+                 if way == "disaggregated" else f"{'-':>13s} {'-':>9s}")
+        label = f"co-located {way}" if way != "disaggregated" else way
+        print(f"    {label:22s} {r['itl_p50_s'] * 1e3:6.1f}ms {r['itl_p99_s'] * 1e3:6.0f}ms {r['itl_during_p99_s'] * 1e3:17.0f}ms "
+              f"{r['ttft_long_p50_s']:13.2f}s {r['throughput_tok_s']:6.1f} {moved}")
+    dis = dg["disaggregated"]
+    print(f"    disaggregated: p99 during the prefills <= 1.5x its ITL p50: "
+          f"{_mark(dis['itl_during_p99_s'] <= 1.5 * dis['itl_p50_s'])}; replies identical three ways: {dg['same_outputs']}")
+
+    # 7. the endpoint, 8. two processes, 9. paper
     from labkit.benchmarks._serving_live import endpoint, two_processes
     report["endpoint"] = endpoint(model, tok, quick)
     report["two_processes"] = two_processes(quick)

@@ -32,12 +32,6 @@ import torch
 
 __all__ = ["BlockManager", "BlockTables", "BlockPool", "hash_block"]
 
-def hash_block(parent: bytes, tokens) -> bytes:
-    """Hash of a full block: its tokens chained to its parent block's hash (deterministic)."""
-    h = hashlib.blake2b(parent, digest_size=16)
-    h.update(torch.as_tensor(list(tokens), dtype=torch.int64).numpy().tobytes())
-    return h.digest()
-
 
 def hash_block(parent: bytes, tokens) -> bytes:
     """Hash of a full block: its tokens chained to its parent block's hash (deterministic)."""

@@ -1,7 +1,8 @@
 """Serving many users: requests (`request`), batching policies (`scheduler`), the engine over a packed
 paged KV cache (`engine`), seeded traces and their metrics (`trace`), routing requests across data-parallel
 replicas (`router`), an OpenAI-style HTTP endpoint
-(`server`), and tensor / data parallelism and prefill-decode disaggregation on two processes (`parallel`).
+(`server`), tensor / data parallelism and prefill-decode disaggregation on two processes (`parallel`), and
+disaggregated prefill replayed on a prefill engine and a decode engine, the KV cache moved between (`disagg`).
 
 `labkit.serving.parallel` is imported on its own (it starts processes)."""
 from labkit.serving.engine import Engine, Replay, Step

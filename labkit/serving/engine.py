@@ -22,7 +22,7 @@ import torch
 
 from labkit.kvcache.batch import PagedBatch
 from labkit.sampling.pipeline import sample_next
-from labkit.serving.request import Request
+from labkit.serving.request import Request, Status
 from labkit.serving.scheduler import Scheduler
 
 __all__ = ["Engine", "Step", "Replay", "run_trace", "PassFailed"]
@@ -53,7 +53,9 @@ class Step:
     rows: list[tuple[object, int]]
     kv_tokens: int          # tokens held in the cache after the step
     kv_slots: int           # slots in allocated blocks (paged)
-    kv_reserved: int        # slots a cache that preallocates prompt + max_new_tokens per running request would hold
+    kv_reserved: int        # slots a cache that preallocates each running request's exact prompt + reply would hold
+    n_running: int = 0      # requests running after the step
+    prompt_tokens: int = 0  # their prompts' tokens (with n_running: what reserving prompt + max_tokens each would hold)
 
     @property
     def n_tokens(self) -> int:
@@ -64,7 +66,8 @@ class Step:
         """The record of a pass that just ran `rows` [(request, n)], with the scheduler's KV bookkeeping after it."""
         tables = scheduler.blocks
         return cls(index, start, end, [(req.id, n) for req, n in rows], tables.used_tokens(),
-                   (tables.num_blocks - tables.n_free) * tables.block_size, sum(r.max_len for r in scheduler.running))
+                   (tables.num_blocks - tables.n_free) * tables.block_size, sum(r.max_len for r in scheduler.running),
+                   len(scheduler.running), sum(len(r.prompt) for r in scheduler.running))
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Replay:
 
 
 class Engine:
-    """Serve `model` with a `policy` ("static", "continuous" or "chunked", see `labkit.serving.scheduler`).
+    """Serve `model` with a `policy` ("static", "continuous", "orca" or "chunked", see `labkit.serving.scheduler`).
 
     The KV pool holds `num_blocks` blocks of `block_size` tokens (default: room for
     `max_batch` requests of the whole context). `prefix_cache` (on by default, as in vLLM and
@@ -191,6 +194,36 @@ class Engine:
         if bar is not None:
             bar.close()
         return Replay(self.policy, list(requests), self.steps[first_step:], self.scheduler.preemptions)
+
+    # ---- disaggregated prefill (labkit.serving.disagg) ------------------------------------------
+
+    def hand_off(self, req: Request) -> tuple[torch.Tensor, torch.Tensor]:
+        """Let running `req` go on elsewhere once it has its first token: its keys and values (a copy, from
+        `PagedBatch.export_kv`), then its blocks freed here. It is not finished: another engine's
+        `add_prefilled` takes it on."""
+        if req not in self.scheduler.running or not req.output:
+            raise ValueError(f"req {req.id!r} must be running here and have its first token to be handed off")
+        keys, values = self.cache.export_kv(req.id)
+        self.scheduler.running.remove(req)
+        self.cache.tables.free(req.id)
+        req.status = Status.WAITING  # in flight
+        return keys, values
+
+    def add_prefilled(self, req: Request, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """Take on `req`, prefilled elsewhere: `keys`/`values` [n_layers, n, n_kv_heads, head_dim] hold all its
+        tokens but the last (what `hand_off` gives), imported into this cache; it decodes from the next step and
+        never prefills here. False, with nothing changed, when there is no room now (`max_batch` running, or too
+        few free blocks): try again after a step."""
+        n = keys.shape[1] if keys.dim() == 4 else -1
+        if n != len(req.tokens) - 1:
+            raise ValueError(f"keys must hold all of request {req.id!r}'s {len(req.tokens)} tokens but the last, "
+                             f"got shape {tuple(keys.shape)}")
+        self.scheduler.check(req)
+        if len(self.scheduler.running) >= self.scheduler.max_batch or not self.cache.tables.can_reserve(req.id, n):
+            return False
+        self.cache.import_kv(req.id, keys, values)
+        self.scheduler.add_prefilled(req)
+        return True
 
 
 def run_trace(requests: list[Request], add, step, scheduler: Scheduler, max_steps: int = 100_000) -> None:

@@ -8,6 +8,9 @@
   prefix caching (TTFT, the tokens prefilled, the hit rate, and whether the replies agree).
 - `routing`: one trace over two (or more) data-parallel replicas, routed round robin and by least
   outstanding work (`labkit.serving.router`).
+- `disaggregation`: DistServe's argument on two workers: the decoding requests' ITL while long prompts
+  arrive, co-located (two replicas, continuous or chunked) vs one prefill and one decode engine with the KV
+  cache sent between them (`labkit.serving.disagg`), and what the transfer costs.
 - `simulate`: replay a trace through the real scheduler with *modelled* step times instead
   of a model (`step_time(rows) -> seconds`, e.g. from `labkit.costmodel` for a GPU), so the
   same policies can be compared on hardware this machine is not.
@@ -23,7 +26,7 @@ from labkit.serving.engine import Engine, Replay, Step, run_trace
 from labkit.serving.request import Request
 from labkit.serving.scheduler import Scheduler
 
-__all__ = ["batch_sweep", "prefill_interference", "shared_prefix", "routing", "simulate"]
+__all__ = ["batch_sweep", "prefill_interference", "shared_prefix", "routing", "disaggregation", "simulate"]
 
 
 def batch_sweep(model, batches=(1, 2, 4, 8, 16, 32), *, prompt_len: int = 64, steps: int = 12, source: list[int],
@@ -59,8 +62,10 @@ def prefill_interference(model, *, policy: str = "chunked", long_prompt: int = 1
 
     policy "chunked" prefills it `chunk` tokens per step next to the decodes; "continuous" in one step.
     Returns the running requests' ITLs (seconds) while the long prompt was being prefilled and outside
-    that window, the p99 of the first over the median of all their ITLs (`p99_over_median`: the issue's
-    measure of a stall), and the long request's TTFT.
+    that window; `undisturbed_s`, the median gap outside it (what a running request gets when no prompt
+    is in the way); `p99_over_undisturbed`, the p99 gap during the prefill over that (the measure of a
+    stall: a median over *all* gaps would mostly count the stalled window itself); `p99_over_median`
+    (the p99 over the median of all gaps) and the long request's TTFT.
     """
     if policy not in ("chunked", "continuous"):
         raise ValueError(f"policy must be 'chunked' or 'continuous', got {policy!r}")
@@ -88,10 +93,11 @@ def prefill_interference(model, *, policy: str = "chunked", long_prompt: int = 1
     outside = [g for r in running for (a, b), g in zip(zip(r.token_times, r.token_times[1:]), r.itls)
                if not (b > big.arrival and a < big.first_token)]
     every = [g for r in running for g in r.itls]
-    p99 = float(np.percentile(during, 99))
+    p99, undisturbed = float(np.percentile(during, 99)), float(np.median(outside))
     return {"policy": policy, "chunk": chunk if policy == "chunked" else long_prompt, "itl_during_s": during,
             "itl_outside_s": outside, "median_during_s": float(np.median(during)), "p99_during_s": p99,
             "median_s": float(np.median(every)), "p99_over_median": p99 / float(np.median(every)),
+            "undisturbed_s": undisturbed, "p99_over_undisturbed": p99 / undisturbed,
             "ttft_long_s": big.ttft, "running": running, "long": big}
 
 
@@ -133,7 +139,7 @@ def routing(model, requests: list[Request], n_replicas: int = 2, *, policy: str 
     from labkit.serving.router import ROUTERS, Router, replay_replicas
     from labkit.serving.trace import fresh, summarize
 
-    n_blocks = max_batch * -(-model.config.max_seq_len // block_size)
+    n_blocks = max_batch * max(-(-(r.max_len + 1) // block_size) for r in requests)  # room for the longest, max_batch times
     out = {}
     for name in ROUTERS:
         engines = [Engine(model, policy=policy, max_batch=max_batch, token_budget=token_budget, block_size=block_size,
@@ -176,3 +182,112 @@ def simulate(requests: list[Request], step_time, *, policy: str = "continuous", 
 
     run_trace(requests, sched.add, step, sched)
     return Replay(policy, list(requests), steps, sched.preemptions)
+
+
+# ---- disaggregated prefill ----------------------------------------------------------------------
+
+
+def _disagg_trace(model, n_running: int, long_prompts: int, long_prompt: int, short_prompt: int, reply: int,
+                  long_reply: int, source: list[int], block_size: int) -> tuple[list[Request], float]:
+    """Short requests at t = 0, long prompts arriving while they decode; and the decode step measured to time them."""
+    probe = Engine(model, max_batch=n_running, token_budget=max(block_size, n_running * short_prompt),
+                   block_size=block_size, num_blocks=n_running * -(-(short_prompt + 8) // block_size), prefix_cache=False)
+    for i in range(n_running):
+        probe.add(Request(i, list(source[i * short_prompt:(i + 1) * short_prompt]), 8))
+    probe.step()  # the prompts (and a warm-up)
+    times = []
+    for _ in range(4):
+        step = probe.step()
+        times.append(step.end - step.start)
+    step_s = float(np.median(times[1:]))
+    shorts = [Request(i, list(source[i * short_prompt:(i + 1) * short_prompt]), reply) for i in range(n_running)]
+    base = n_running * short_prompt
+    longs = [Request(n_running + k, list(source[base + k * long_prompt:base + (k + 1) * long_prompt]), long_reply,
+                     arrival=step_s * reply * (k + 1) / (long_prompts + 1)) for k in range(long_prompts)]
+    return shorts + longs, step_s
+
+
+def _latencies(replay: Replay, n_running: int, side: dict | None) -> dict:
+    """The short requests' ITLs (all, and those overlapping a long prompt's prefill on their side: `side` maps a
+    request id to its replica, None for one decode engine) and the long prompts' TTFTs."""
+    from labkit.serving.trace import percentile, summarize
+
+    where = (lambda r: side[r.id]) if side else (lambda r: 0)
+    windows = [(where(r), r.arrival, r.first_token) for r in replay.requests if r.id >= n_running]
+    gaps, during = [], []
+    for r in (r for r in replay.requests if r.id < n_running):
+        for a, b in zip(r.token_times, r.token_times[1:]):
+            gaps.append(b - a)
+            if any(s == where(r) and b > start and a < end for s, start, end in windows):
+                during.append(b - a)
+    ttft = [r.ttft for r in sorted(replay.requests, key=lambda r: r.id) if r.id >= n_running]
+    return {"itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
+            "itl_during_p99_s": percentile(during, 99), "gaps_during": len(during), "ttft_long_s": ttft,
+            "ttft_long_p50_s": percentile(ttft, 50), "throughput_tok_s": summarize(replay)["throughput_tok_s"]}
+
+
+def disaggregation(model, *, n_running: int = 4, long_prompts: int = 2, long_prompt: int = 512, short_prompt: int = 32,
+                   reply: int = 32, long_reply: int = 4, chunk: int = 32, source: list[int], link_gb_s: float = 12.5,
+                   block_size: int = 16) -> dict:
+    """DistServe's argument on two workers: `n_running` short requests decode while `long_prompts` long prompts arrive.
+
+    One trace (prompts cut from `source`; the long ones arrive at 1/(long_prompts + 1), 2/..., of the short
+    replies' decoding, timed by a decode step measured first), replayed three ways on two workers each, greedy,
+    prefix caching off: co-located, two data-parallel replicas (round robin) each running prefill and decode,
+    with policy "continuous" and with "chunked" (token budget n_running + `chunk`); and disaggregated, one
+    prefill-only engine and one decode-only (`labkit.serving.disagg`). Every pass is measured; the KV link is
+    modelled at `link_gb_s` GB/s (default 12.5: 100 Gb/s Ethernet, the slow end; NVLink is ~900), so price
+    other links with `kv_bytes_per_token` (in the cache's dtype: float32 here, half that in 16 bits).
+
+    Returns, for "continuous", "chunked" and "disaggregated": the short requests' ITL p50 and p99 (every gap),
+    `itl_during_p99_s` (their gaps overlapping a long prompt's [arrival, first token] on their replica; on the
+    decode engine, every long one), the long prompts' TTFTs, throughput; for "disaggregated" also
+    `kv_bytes_per_long`, `transfer_s_per_long` (modelled wire + measured copies) and `wire_s_per_long`. And
+    `same_outputs` (every reply identical three ways), `trace` (the sizes), `step_s` (the probe's decode step),
+    `link_gb_s` and `kv_bytes_per_token`.
+    """
+    from labkit.serving.disagg import replay_disaggregated
+    from labkit.serving.router import Router, replay_replicas
+    from labkit.serving.trace import fresh
+
+    sizes = dict(n_running=(n_running, 1), long_prompts=(long_prompts, 1), long_prompt=(long_prompt, 1),
+                 short_prompt=(short_prompt, 1), reply=(reply, 2), long_reply=(long_reply, 2), chunk=(chunk, 1),
+                 block_size=(block_size, 1))  # a reply of 2 at least: every request goes on to the decode engine
+    for name, (value, least) in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if not (isinstance(link_gb_s, (int, float)) and link_gb_s > 0):
+        raise ValueError(f"link_gb_s must be a positive number of GB/s, got {link_gb_s!r}")
+    need = n_running * short_prompt + long_prompts * long_prompt
+    if len(source) < need:
+        raise ValueError(f"source must hold n_running * short_prompt + long_prompts * long_prompt = {need} tokens, "
+                         f"got {len(source)}")
+    whole = max(long_prompt + long_reply, short_prompt + reply)
+    if whole > model.config.max_seq_len:
+        raise ValueError(f"long_prompt + long_reply = {whole} exceeds the model's context of {model.config.max_seq_len}")
+    trace, step_s = _disagg_trace(model, n_running, long_prompts, long_prompt, short_prompt, reply, long_reply, source,
+                                  block_size)
+    n_blocks = (n_running + long_prompts) * -(-whole // block_size)
+
+    def engine(policy: str, budget: int) -> Engine:
+        return Engine(model, policy=policy, max_batch=n_running + long_prompts, token_budget=budget,
+                      block_size=block_size, num_blocks=n_blocks, prefix_cache=False)
+
+    out, outputs = {}, []
+    for policy, budget in (("continuous", whole), ("chunked", n_running + chunk)):
+        reqs = fresh(trace)
+        replay, route = replay_replicas([engine(policy, budget) for _ in range(2)], reqs, Router(2, "round_robin"))
+        out[policy] = _latencies(replay, n_running, {r.id: i for r, i in zip(reqs, route)})
+        outputs.append({r.id: r.output for r in replay.requests})
+    replay, info = replay_disaggregated(engine("continuous", whole), engine("continuous", whole), fresh(trace),
+                                        link_bytes_per_s=link_gb_s * 1e9)
+    longs = [t for t in info["transfers"] if t["id"] >= n_running]
+    out["disaggregated"] = {**_latencies(replay, n_running, None),
+                            **{f"{k}_per_long": float(np.mean([t[k] for t in longs])) for k in ("kv_bytes", "transfer_s", "wire_s")},
+                            "decode_prefill_rows": info["decode_prefill_rows"]}
+    outputs.append({r.id: r.output for r in replay.requests})
+    out["same_outputs"] = outputs[0] == outputs[1] == outputs[2]
+    out["trace"] = {name: value for name, (value, _) in sizes.items() if name != "block_size"}
+    out["step_s"], out["link_gb_s"] = step_s, float(link_gb_s)
+    out["kv_bytes_per_token"] = longs[0]["kv_bytes"] / longs[0]["kv_tokens"]
+    return out
