@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 TITLE = ("Speculative decoding: acceptance, tokens/call, speed-up measured vs predicted (draft model, layer skip, "
-         "prompt lookup, MTP head)")
+         "prompt lookup on the float32, int8 and int4 targets, MTP head)")
 
 PASSAGE = ("The lighthouse keeper climbed the tower every evening at dusk. He trimmed the wick, wound the clockwork "
            "that turned the lens, and wrote the weather in his log: wind, sea, and the ships that passed.")
@@ -54,6 +54,21 @@ def _mtp_pairs(smol, tok) -> list[tuple]:
              full.head)]
 
 
+def _fast_targets(smol, tok) -> list[tuple]:
+    """SmolLM2 quantized to int8 and int4 with bf16 activations (the packed kernels, the lab's fastest formats), each
+    drafted by prompt lookup and measured against plain decoding of that same quantized target."""
+    from labkit.quant import quantize_model
+    from labkit.speculative import PromptLookup
+
+    smol.requires_grad_(False)
+    pairs = []
+    for bits in (8, 4):
+        target = quantize_model(smol, bits=bits)
+        pairs.append((f"smollm2 int{bits} (bf16 activations) + prompt lookup", target, tok, PromptLookup, SMOL_PROMPTS,
+                      None, None))
+    return pairs
+
+
 def run(quick: bool = False) -> dict:
     import torch
 
@@ -78,6 +93,7 @@ def run(quick: bool = False) -> dict:
     try:
         smol, smol_tok = labkit.load("smollm2-135m")
         pairs.append(("smollm2 + prompt lookup", smol, smol_tok, PromptLookup, SMOL_PROMPTS, None, None))
+        pairs += _fast_targets(smol, smol_tok)
         pairs += _mtp_pairs(smol, smol_tok)
     except FileNotFoundError as exc:
         print(f"  SmolLM2 skipped: {exc}")
