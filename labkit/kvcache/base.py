@@ -27,7 +27,7 @@ is a drop-in.
 
 Optional capabilities are declared here and raise NotImplementedError unless a kind has
 them (`supports(name)` says which): `truncate` (roll back tokens: speculative decoding),
-`reorder` (beam search), `state_tensors` / `load_state_tensors` (save a prefill to a file);
+`compact` (keep a chosen subset of the newest tokens: tree verification), `reorder` (beam search), `state_tensors` / `load_state_tensors` (save a prefill to a file);
 `plan_chunks` (the pass sizes for a long prompt) and `reuse_prefix` / `register_prefix`
 (prefix blocks shared between requests) have do-nothing defaults.
 
@@ -140,6 +140,15 @@ class KVCache(ABC):
         raise NotImplementedError(f"the {self.kind or type(self).__name__} cache cannot drop tokens (truncate); "
                                   "use the contiguous cache")
 
+    def compact(self, n: int, slots) -> None:
+        """Keep the first `n` tokens, then the tokens at `slots` (increasing, each >= n) moved down to n, n+1, ...
+
+        Drops every other token (the rejected branches of a verified token tree). Keys stay as
+        they were rotated: the caller wrote them at the positions they move to.
+        """
+        raise NotImplementedError(f"the {self.kind or type(self).__name__} cache cannot keep a subset of its tokens "
+                                  "(compact); use the contiguous cache")
+
     def plan_chunks(self, n: int) -> list[int]:
         """Sizes of the forward passes that feed `n` more tokens: one pass, unless a kind needs pieces."""
         return [n]
@@ -226,7 +235,7 @@ class KVCache(ABC):
                 f"dtype={self.dtype}, allocated={self.bytes_allocated() / 2**20:.1f} MiB)")
 
 
-_CAPABILITIES = ("truncate", "reorder", "plan_chunks", "reuse_prefix", "register_prefix", "state_tensors",
+_CAPABILITIES = ("truncate", "compact", "reorder", "plan_chunks", "reuse_prefix", "register_prefix", "state_tensors",
                  "load_state_tensors")
 
 

@@ -84,6 +84,22 @@ class ContiguousCache(KVCache):
             raise ValueError(f"n must be in [0, {self._len}], got {n}")
         self._len = n
 
+    def compact(self, n: int, slots) -> None:
+        """Keep tokens 0..n-1 and those at `slots` (increasing, in [n, seq_len)), moved to n, n+1, ..."""
+        slots = [int(s) for s in slots]
+        if self._n_new is not None:
+            raise RuntimeError("compact() called during a forward pass (between begin() and end())")
+        if not 0 <= n <= self._len:
+            raise ValueError(f"n must be in [0, {self._len}], got {n}")
+        if any(not n <= s < self._len for s in slots) or any(a >= b for a, b in zip(slots, slots[1:])):
+            raise ValueError(f"slots must increase and lie in [{n}, {self._len}), got {slots}")
+        if slots != list(range(n, n + len(slots))):  # index_select copies, so no slot is overwritten before it is read
+            src = torch.tensor(slots, device=self.device)
+            dst = torch.arange(n, n + len(slots), device=self.device)
+            for buf in (self.keys, self.values):
+                buf.index_copy_(3, dst, buf.index_select(3, src))
+        self._len = n + len(slots)
+
     def state_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
         n = self._len  # rotated keys and values at slots 0..n-1
         return {"keys": self.keys[:, :, :, :n], "values": self.values[:, :, :, :n]}, {"seq_len": n}

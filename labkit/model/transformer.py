@@ -37,7 +37,7 @@ from torch import nn
 
 from labkit.kvcache.base import attention, forward_pass, new_cache as _new_cache
 from labkit.model.config import ModelConfig
-from labkit.model.kernels import Linear, RMSNorm, linear, transposed
+from labkit.model.kernels import Linear, RMSNorm, attend_rows, linear, rows_mm, transposed
 from labkit.model.rope import Rotary
 
 __all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer", "attention_probs"]
@@ -57,6 +57,7 @@ class Attention(nn.Module):
         self.split = (q_out, kv_out, kv_out)
         self.wqkv = Linear(config.d_model, q_out + 2 * kv_out)  # rows: [Wq; Wk; Wv]
         self.wo = Linear(q_out, config.d_model)
+        self.invariant = False  # each query attends alone (`kernels.attend_rows`; `Transformer.batch_invariant`)
 
     def projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of Wq, Wk, Wv inside the fused matrix, each [out_features, d_model]."""
@@ -78,7 +79,7 @@ class Attention(nn.Module):
         if cache is None:
             out = attention(q, k.transpose(1, 2), v.transpose(1, 2), causal=T > 1)  # [B·T, H·head_dim]
         else:
-            out = cache.attend(self.layer, q, k, v, rope)  # [B·T, H·head_dim]
+            out = attend_rows(cache, self.layer, q, k, v, rope) if self.invariant else cache.attend(self.layer, q, k, v, rope)
         return self.wo(out)
 
 
@@ -131,8 +132,7 @@ class Transformer(nn.Module):
         self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size)
         self._rope = None
         self._head_t = None  # (weight, Wᵀ) of the tied head, a view (see `head`)
-        self._split = False
-        self._lean = True
+        self._split, self._lean, self._invariant = False, True, False  # see split_matvec, lean_step, batch_invariant
 
     @property
     def dtype(self) -> torch.dtype:
@@ -245,10 +245,10 @@ class Transformer(nn.Module):
         """Logits [N, V] for final hidden states [N, d_model]: the LM head, or the tied embedding."""
         if self.lm_head is not None:
             return self.lm_head(h)
-        if self.split_matvec or not self._lean or torch.is_grad_enabled():
+        if torch.is_grad_enabled() or not self._invariant and (self.split_matvec or not self._lean):
             return linear(h, self.tok_embeddings.weight, self.split_matvec)
         self._head_t = transposed(self.tok_embeddings.weight, self._head_t)
-        return torch.mm(h, self._head_t[1])
+        return (rows_mm if self._invariant else torch.mm)(h, self._head_t[1])
 
     @property
     def lean_step(self) -> bool:
@@ -275,11 +275,21 @@ class Transformer(nn.Module):
     def split_matvec(self, value: bool) -> None:
         self._split = self._set_on_modules("split_matvec", "split", value, (Linear,))
 
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether each row of a pass gets the bits it would get alone (off; `labkit.model.kernels` says why and
+        what it costs). Set it after quantizing: it reaches every module with an `invariant` switch."""
+        return self._invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, value: bool) -> None:
+        self._invariant = self._set_on_modules("batch_invariant", "invariant", value, (nn.Module,))
+
     def _set_on_modules(self, setting: str, attr: str, value: bool, kinds: tuple) -> bool:
         if not isinstance(value, bool):
             raise TypeError(f"{setting} must be True or False, got {value!r}")
         for module in self.modules():
-            if isinstance(module, kinds):
+            if isinstance(module, kinds) and hasattr(module, attr):
                 setattr(module, attr, value)
         return value
 

@@ -14,7 +14,13 @@ every number of tokens; with float32 activations they are slower than it even fo
 and 10–30× slower for a prompt (a 256-token product through [1536, 576]: 160 ms int4, 78 ms
 int8, against 6 ms dequantizing and multiplying in float32). So a float32-activation layer
 uses the kernel for one token and the dequantized float product for more: prefill and
-calibration stay fast, and both paths give the float32 numbers.
+calibration stay fast, and both paths give the float32 numbers, though not the same bits.
+
+`invariant` (set by `Transformer.batch_invariant`) makes each row's bits independent of how
+many rows share the product, so a k-token verification pass equals k one-token steps: the
+packed kernels already are (measured at 1 to 16 rows, bfloat16 and float32 activations), so
+float32-activation passes of up to `INVARIANT_KERNEL_ROWS` rows stay on the kernel, and a
+one-row float32 product (`reference`) runs as two identical rows, the multi-row kernel.
 
     >>> layer = QuantLinear.from_float(torch.randn(64, 128), bits=8)
     >>> layer(torch.randn(1, 3, 128)).shape
@@ -30,6 +36,7 @@ from labkit.quant.rtn import QuantizedTensor, _check_bits, dequantize, quantize
 __all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES", "layout", "packed_layout_problem"]
 
 ACT_DTYPES = (torch.float32, torch.bfloat16)
+INVARIANT_KERNEL_ROWS = 16  # with `invariant`, float32-activation passes up to this many rows take the kernel
 
 
 def has_kernel(bits: int) -> bool:
@@ -77,6 +84,7 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = qt.shape
         self.bits, self.group_size, self.act_dtype = qt.bits, qt.group_size, act_dtype
         self.qt = qt
+        self.invariant = False  # rows independent of the row count (see the module docstring)
         self.reference = reference or not has_kernel(qt.bits)
         if self.reference:
             return
@@ -114,8 +122,10 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
-        if self.reference or (self.act_dtype == torch.float32 and x2.shape[0] > 1):
-            y = x2.float() @ dequantize(self.qt).t()
+        rows = x2.shape[0]
+        if self.reference or (self.act_dtype == torch.float32 and rows > (INVARIANT_KERNEL_ROWS if self.invariant else 1)):
+            a = x2.float() if rows > 1 or not self.invariant else x2.float().expand(2, -1)  # one row: the 2-row kernel
+            y = (a @ dequantize(self.qt).t())[:rows]
         else:
             a = x2 if x2.dtype == self.act_dtype else x2.to(self.act_dtype)
             if self.bits == 8:

@@ -1,9 +1,15 @@
 """Speculative decoding: drafters (`drafters`, and the MTP head on a frozen backbone in `mtp`), exact
-verification (`verify`), the decoding loop (`decode`), the measured costs and the speed-up formula (`costs`)."""
+verification (`verify`), the decoding loop (`decode`), the measured costs and the speed-up formula (`costs`); token
+trees verified in one pass (`tree`: the tree and its verification, `treedraft`: tree drafters, `treedecode`: the loop)."""
 from labkit.speculative.decode import GAMMA_MAX, SpeculativeOutput, expected_tokens, generate
 from labkit.speculative.drafters import DraftModel, LayerSkip, PromptLookup
 from labkit.speculative.mtp import MTPDrafter, MTPHead, load_head, save_head
+from labkit.speculative.tree import TokenTree, verify_greedy, verify_sampled
+from labkit.speculative.treedecode import TreeCache, TreeOutput, generate_tree, tree_logits, verify_tree
+from labkit.speculative.treedraft import ChainTree, TreeDraftModel, TreeLookup
 from labkit.speculative.verify import accept_greedy, accept_sampled, residual
 
 __all__ = ["generate", "SpeculativeOutput", "expected_tokens", "GAMMA_MAX", "DraftModel", "PromptLookup", "LayerSkip",
-           "MTPHead", "MTPDrafter", "load_head", "save_head", "accept_greedy", "accept_sampled", "residual"]
+           "MTPHead", "MTPDrafter", "load_head", "save_head", "accept_greedy", "accept_sampled", "residual",
+           "TokenTree", "verify_greedy", "verify_sampled", "TreeCache", "TreeOutput", "generate_tree", "tree_logits",
+           "verify_tree", "TreeLookup", "TreeDraftModel", "ChainTree"]

@@ -80,14 +80,19 @@ class PromptLookup:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.steps = 0
 
-    def propose(self, history: list[int], gamma: int, params: SamplingParams | None = None, generator=None):
+    def matches(self, history: list[int]):
+        """Where each earlier match of the last n tokens ends (its continuation starts): longest n first, latest first."""
         for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
             tail = history[-n:]
             for start in range(len(history) - n - 1, -1, -1):  # latest match first, never the tail itself
                 if history[start:start + n] == tail:
-                    follow = history[start + n:start + n + gamma]
-                    if follow:
-                        return list(follow), None
+                    yield start + n
+
+    def propose(self, history: list[int], gamma: int, params: SamplingParams | None = None, generator=None):
+        for end in self.matches(history):
+            follow = history[end:end + gamma]
+            if follow:
+                return list(follow), None
         return [], None
 
 
