@@ -93,3 +93,28 @@ def test_auto_gamma_estimates_alpha_per_tested_draft():
     assert auto.alpha == pytest.approx(1.0, abs=1e-3)
     # E(γ) with the per-draft α predicts the round: α = 2/3 at γ = 4 gives 1 + 2/3 + 4/9 + 8/27 + 16/81 tokens
     assert costs.expected_tokens(2 / 3, 4) == pytest.approx(1 + 2 / 3 + 4 / 9 + 8 / 27 + 16 / 81)
+
+
+def test_round_overhead_and_the_decomposition_by_hand():
+    from types import SimpleNamespace
+
+    t_rel = {2: 1.1, 3: 1.2, 5: 1.5}
+    # three rounds of gamma 4, 4 and 1, c = 0.1: by the costs 3 * 0.4 ... = (0.4 + 1.5) * 2 + (0.1 + 1.1) = 5.0 steps;
+    # the rounds took 6.5 steps of 10 ms: 1.5 steps more, 0.5 a round
+    out = SimpleNamespace(gammas=[4, 4, 1], wall_s=0.080, prefill_s=0.015)
+    assert costs.round_overhead(out, 0.010, 0.1, t_rel) == pytest.approx(0.5)
+    assert costs.predicted_speedup(0.5, 4, 0.1, t_rel, overhead=0.5) == pytest.approx(1.9375 / (0.4 + 1.5 + 0.5))
+    rows = costs.decomposition(0.5, 4, 0.1, t_rel, 0.5, measured=0.7)
+    assert [r["step"] for r in rows][-1] == "measured" and rows[-1]["speedup"] == 0.7
+    assert rows[0]["speedup"] > rows[1]["speedup"] > rows[2]["speedup"]  # each cost the paper leaves out lowers it
+    with pytest.raises(ValueError, match=r"T\(k\)/T\(1\) for k = \[7\]"):
+        costs.round_overhead(SimpleNamespace(gammas=[6], wall_s=1, prefill_s=0), 0.01, 0.1, t_rel)
+    with pytest.raises(ValueError, match="overhead must be"):
+        costs.predicted_speedup(0.5, 4, 0.1, t_rel, overhead=-1)
+
+
+def test_conditional_acceptance_separates_decay_from_reach():
+    assert costs.conditional_acceptance([0.5, 0.25, 0.125]) == [0.5, 0.5, 0.5]  # independent: alpha at every position
+    decaying = costs.conditional_acceptance([0.47, 0.16, 0.02, 0.0])
+    assert decaying[0] == 0.47 and decaying[1] == pytest.approx(0.16 / 0.47) and decaying[3] == 0.0
+    assert decaying[0] > decaying[1] > decaying[2]

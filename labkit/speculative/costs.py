@@ -26,7 +26,8 @@ from labkit.speculative.decode import expected_tokens
 from labkit.speculative.mtp import MTPHead, head_step_s
 from labkit.speculative.verify import accept_sampled
 
-__all__ = ["target_pass_s", "relative_costs", "predicted_speedup", "first_token_counts", "measure_speedups"]
+__all__ = ["target_pass_s", "relative_costs", "predicted_speedup", "round_overhead", "decomposition",
+           "conditional_acceptance", "first_token_counts", "measure_speedups"]
 
 
 @torch.inference_mode()
@@ -65,17 +66,64 @@ def relative_costs(target, draft=None, layers: int | None = None, ks=range(2, 10
     return c, t_rel
 
 
-def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict | None = None) -> float:
-    """S(γ) = E(γ) / (γ·c + T(γ+1)/T(1)); without `t_rel`, T(γ+1) = T(1) as in the paper."""
+def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict | None = None, overhead: float = 0.0) -> float:
+    """S(γ) = E(γ) / (γ·c + T(γ+1)/T(1) + o); without `t_rel`, T(γ+1) = T(1) as in the paper.
+
+    `overhead` o: what a round costs beyond its draft steps and its target pass (the loop's own work:
+    feeding the drafter, rolling caches back, verifying), relative to T(1); see `round_overhead`.
+    """
     if c < 0:
         raise ValueError(f"c must be >= 0, got {c}")
+    if not (isinstance(overhead, (int, float)) and overhead >= 0):
+        raise ValueError(f"overhead must be a number >= 0 (a round's extra cost relative to T(1)), got {overhead!r}")
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1 (draft tokens per round), got {gamma!r}")
     if t_rel is not None and gamma + 1 not in t_rel:
         raise ValueError(f"t_rel must hold T({gamma + 1})/T(1) for gamma={gamma} (a verification pass over "
                          f"gamma + 1 tokens); it holds k = {sorted(t_rel)}")
     t = 1.0 if t_rel is None else t_rel[gamma + 1]
-    return expected_tokens(min(alpha, 0.999), gamma) / (gamma * c + t)
+    return expected_tokens(min(alpha, 0.999), gamma) / (gamma * c + t + overhead)
+
+
+def round_overhead(out, plain_step_s: float, c: float, t_rel: dict) -> float:
+    """A run's cost per round beyond its draft steps and target passes, relative to one plain step T(1).
+
+    `out` is a `SpeculativeOutput`; its rounds took wall_s − prefill_s. By the measured costs they
+    should have taken Σ over rounds (γ_i·c + T(γ_i+1)/T(1))·T(1); the rest, per round, is the loop's
+    own work. `plain_step_s`: T(1), a plain decode step's seconds measured in the same run.
+    """
+    if not out.gammas:
+        raise ValueError("out has no rounds (max_new_tokens of 1?): nothing to attribute")
+    if not plain_step_s > 0:
+        raise ValueError(f"plain_step_s must be a positive number of seconds, got {plain_step_s!r}")
+    missing = sorted({g + 1 for g in out.gammas if g} - set(t_rel))
+    if missing:
+        raise ValueError(f"t_rel must hold T(k)/T(1) for k = {missing} (the passes this run made)")
+    modelled = sum(g * c + (t_rel[g + 1] if g else 1.0) for g in out.gammas)
+    return max(0.0, ((out.wall_s - out.prefill_s) / plain_step_s - modelled) / len(out.gammas))
+
+
+def decomposition(alpha: float, gamma: int, c: float, t_rel: dict, overhead: float, measured: float) -> list[dict]:
+    """The speed-up from the paper's promise to the measurement, one cost at a time: rows of step, speedup.
+
+    1. the paper: T(γ+1) = T(1) (a pass over γ + 1 tokens costs one step); 2. this machine's T(γ+1);
+    3. plus the loop's own work per round (`round_overhead`, from a separate calibration run); 4. measured.
+    """
+    return [{"step": "paper: T(γ+1) = T(1)", "speedup": predicted_speedup(alpha, gamma, c)},
+            {"step": "this machine's T(γ+1)", "speedup": predicted_speedup(alpha, gamma, c, t_rel)},
+            {"step": "+ the loop's own work", "speedup": predicted_speedup(alpha, gamma, c, t_rel, overhead)},
+            {"step": "measured", "speedup": measured}]
+
+
+def conditional_acceptance(acceptance: list[float]) -> list[float]:
+    """P(position i accepted | position i − 1 accepted), from the share of rounds accepting each position
+    (`SpeculativeOutput.acceptance`): where it falls with i, later guesses are worse guesses (suffix decay),
+    not just guesses that are reached less often."""
+    out, before = [], 1.0
+    for share in acceptance:
+        out.append(share / before if before > 0 else float("nan"))
+        before = share
+    return out
 
 
 def first_token_counts(p: torch.Tensor, q: torch.Tensor, n: int = 20000, seed: int = 0) -> torch.Tensor:

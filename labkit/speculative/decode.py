@@ -57,6 +57,7 @@ class SpeculativeOutput:
     plain: dict | None = field(default=None)  # plain decoding of the same prompt: token_ids, wall_s, same_tokens
     tested: int = 0  # draft tokens the verification looked at (it stops at the first rejection)
     accepted: int = 0  # of which accepted
+    prefill_s: float = 0.0  # the prompt's pass and the first token (wall_s − prefill_s: the rounds)
 
     @property
     def alpha(self) -> float:
@@ -164,6 +165,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
         drafter.attach(cache)
     logits = target(torch.tensor([ids]), cache=cache, last_only=True)[0, -1].float()
     first = sample_next(logits, ids, params, gen)
+    prefill_s = time.perf_counter() - t0
     history, out = ids + [first], [first]
     proposed, accepted, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1  # per draft position
     tested = 0
@@ -203,7 +205,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
         text=tok.decode([i for i in out if i != eos]), token_ids=out, prompt_ids=ids,
         acceptance=[accepted[i] / proposed[i] for i in range(depth)], proposed=proposed[:depth], gammas=gammas,
         target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall, tested=tested,
-        accepted=sum(accepted))
+        accepted=sum(accepted), prefill_s=prefill_s)
     if compare:
         from labkit.generation.reply import generate as plain_generate
 
