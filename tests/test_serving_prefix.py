@@ -167,3 +167,21 @@ def test_the_routing_study_runs_both_routers_on_one_trace():
     got = studies.routing(model, trace, 2, block_size=4, token_budget=32, max_batch=4)
     assert set(got) == {"round_robin", "least_work"} and got["round_robin"]["route"] == [0, 1, 0, 1, 0]
     assert all(v["summary"]["requests"] == 5 for v in got.values())
+
+
+def test_a_waiting_request_is_hashed_once_not_at_every_step(monkeypatch):
+    """The head of the queue is looked up at every step while it cannot fit; its block hashes are computed once."""
+    import labkit.kvcache.blocks as blocks_module
+    from labkit.serving import Scheduler
+
+    calls = []
+    real = blocks_module.hash_block
+    monkeypatch.setattr(blocks_module, "hash_block", lambda parent, tokens: calls.append(1) or real(parent, tokens))
+    sched = Scheduler(BlockTables(num_blocks=12, block_size=4), policy="continuous", max_batch=2, prefix_cache=True)
+    sched.add(Request("a", list(range(40)), 4))
+    assert sched.schedule() == [(sched.running[0], 40)]  # a takes 10 of the 12 blocks
+    sched.add(Request("b", list(range(100, 140)), 4))  # b needs 10: it waits at the head
+    before = len(calls)
+    for _ in range(5):
+        sched.schedule()
+    assert sched.waiting[0].id == "b" and len(calls) - before == (40 - 1) // 4  # 9 blocks hashed once, not 5 times

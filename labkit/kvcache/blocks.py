@@ -153,16 +153,24 @@ class BlockTables:
 
     # ---- prefix caching across sequences ------------------------------------------------------
 
-    def cached_prefix(self, tokens) -> list[int]:
+    def prefix_hashes(self, tokens) -> list[bytes]:
+        """The chained hashes of `tokens`' full blocks that a cached prefix may cover (all but the last token's)."""
+        hashes, parent, bs = [], b"", self.block_size
+        for i in range((len(tokens) - 1) // bs):
+            parent = hash_block(parent, tokens[i * bs:(i + 1) * bs])
+            hashes.append(parent)
+        return hashes
+
+    def cached_prefix(self, tokens, hashes: list[bytes] | None = None) -> list[int]:
         """The registered blocks holding the longest run of `tokens`' full blocks, from the start.
 
         At least one token is always left out, so the sequence still has a token to run (its logits
-        give the next token), as vLLM does for a prompt that is cached whole.
+        give the next token), as vLLM does for a prompt that is cached whole. `hashes`: `prefix_hashes(tokens)`,
+        if the caller keeps them (a request waiting at the head of a queue is looked up at every step).
         """
-        blocks, parent, bs = [], b"", self.block_size
-        for i in range((len(tokens) - 1) // bs):
-            parent = hash_block(parent, tokens[i * bs:(i + 1) * bs])
-            block = self.manager.lookup(parent)
+        blocks = []
+        for h in self.prefix_hashes(tokens) if hashes is None else hashes:
+            block = self.manager.lookup(h)
             if block is None:
                 break
             blocks.append(block)

@@ -64,6 +64,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self._hashes: dict = {}  # request id -> (tokens hashed, the chained hashes of its full blocks) while it waits
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -108,6 +109,7 @@ class Scheduler:
             self.waiting.remove(req)
         else:
             return False
+        self._hashes.pop(req.id, None)
         if req.id in self.blocks.tables:
             self.blocks.free(req.id)
         req.fail(reason, message, now)
@@ -143,16 +145,25 @@ class Scheduler:
         return self._chunked()
 
     def _cached(self, req: Request) -> list[int]:
-        """Cached blocks the waiting request at the head of the queue can start on ([] without prefix caching)."""
+        """Cached blocks the waiting request at the head of the queue can start on ([] without prefix caching).
+
+        Its blocks' hashes are computed once and kept while it waits (they change only when a preempted
+        request has produced more tokens), so a request waiting many steps is not hashed again at each.
+        """
         if not self.prefix_cache or self.blocks.tables.get(req.id):
             return []
-        return self.blocks.cached_prefix(req.tokens)
+        n, hashes = self._hashes.get(req.id, (-1, None))
+        if n != len(req.tokens):
+            hashes = self.blocks.prefix_hashes(req.tokens)
+            self._hashes[req.id] = (len(req.tokens), hashes)
+        return self.blocks.cached_prefix(req.tokens, hashes)
 
     def _fits(self, req: Request, cached: list[int], n: int) -> bool:
         return self.blocks.fits_after(cached, n) if cached else self.blocks.can_reserve(req.id, n)
 
     def _admit(self, req: Request, n_reserve: int, cached: list[int] = ()) -> None:
         self.waiting.popleft()
+        self._hashes.pop(req.id, None)
         if req.id not in self.blocks.tables:
             self.blocks.add(req.id)
         if cached:  # the prefix's keys and values are there already: the request starts after them
