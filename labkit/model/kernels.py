@@ -7,25 +7,35 @@ Python-number constants are each wrapped and copied), the form below eight.
 Same numbers either way: the decode path's greedy tokens are those of the plain calls.
 
 Batch invariance. Speculative decoding checks k drafted tokens in one k-token pass while
-plain decoding runs k one-token steps; its greedy output is the plain output only if each
-row of the k-token pass is computed with the same arithmetic, in the same order of
-additions, as that row alone. A floating-point sum rounds differently in another order, so
-a kernel that picks its algorithm by the number of rows shifts the logits by a few units in
-the last place, and where two tokens nearly tie the argmax flips. Measured on this torch
-(MKL, oneDNN, x86): a float32 product at one row is a matrix-vector kernel and a different
-rounding from the same row inside a product of 2 to 16 rows (which agree with each other);
-bfloat16 products and the packed int8/int4 kernels give every row the same bits at any row
-count; `torch.dot` (the old one-token RMSNorm) rounds unlike the row reduction; attention
-over a cache (`scaled_dot_product_attention`) splits its work by query count and key count.
-What each costs to fix decides where it is fixed:
+plain decoding runs k one-token steps, and "lossless" means its greedy output is the plain
+greedy output whatever γ. That holds only if each row of a k-token pass gets the bits it
+gets alone: floating-point addition is not associative, so a kernel that picks its
+blocking by the number of rows rounds the same row differently, the logits move in their
+last bits, and where two tokens nearly tie the argmax flips. Measured on this torch (MKL
+and oneDNN on x86, 1 and 2 threads, SmolLM2's shapes and small ones):
 
-  * RMSNorm: one form for every row count, always (a one-token step pays ~1 µs a norm).
-  * the product: with `invariant` (`Transformer.batch_invariant`), a one-row float32
-    product runs as two identical rows, the kernel multi-row passes use (`rows_mm`); it
-    reads the weights at the two-row kernel's speed, so plain decoding pays for it.
-  * attention: with `invariant`, each query of a multi-token pass over a contiguous cache
-    attends alone over the keys it sees, the very call a one-token step makes
-    (`attend_rows`): k calls instead of one.
+  * float32 products: one row takes a matrix-vector kernel, rounded unlike the same row
+    among 2 to 16 rows (which agree with each other for a column-major weight as x @ Wᵀ and
+    a row-major one as (W @ xᵀ)ᵀ; x @ Wᵀ on a row-major weight re-blocks from 3 to 6 rows on).
+  * bfloat16 products and the packed int8/int4 kernels: the same bits at every row count.
+  * attention over a cache (`scaled_dot_product_attention`): one masked call over T queries
+    rounds unlike each query alone (the kernel splits its work by query and key counts).
+  * RMSNorm: the old one-token form (`torch.dot`) rounded unlike the row reduction.
+
+RMSNorm is fixed for good: one form for every row count, at no cost to speak of. The rest
+is the model's switch, `Transformer.batch_invariant` (off by default; `batch_invariant(model)`
+turns it on for a block), for passes of up to `INVARIANT_MAX_ROWS` tokens:
+
+  * `rows_mm`: a one-row float32 product runs as two identical rows. A float32 SmolLM2
+    decode step then takes ~40 % longer (the two-row kernel streams the weights slower than
+    the matrix-vector one, the tied LM head most); other dtypes are left as they are.
+  * `attend_rows`: each query of a multi-token pass attends alone, the very call a one-token
+    step makes: T calls instead of one, 2-3 ms on a 5-token SmolLM2 pass (+3 to +8 %).
+
+So for bfloat16, int8 and int4 the switch changes only the passes that follow a prompt with
+2 to 16 tokens, and speculative decoding with it reproduces plain decoding without it. In
+float32 it reproduces plain decoding run with the switch too (without, k-token passes drift
+~5e-5 from k steps in SmolLM2's logits).
 
     >>> layer = Linear(8, 4)
     >>> with torch.inference_mode():
@@ -76,12 +86,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, split: bool = False) -> torch.
 def rows_mm(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     """x [N, in] @ wt [in, out] with each row's bits independent of N (for N up to `INVARIANT_MAX_ROWS`).
 
-    A float32 row alone runs as two copies of itself (a stride-0 view, no copy in Python) and
-    keeps the first: the kernel a multi-row pass takes instead of the matrix-vector one.
+    Other dtypes are left to `torch.mm` (invariant as it is, measured). In float32 a row alone
+    runs as two copies of itself (a stride-0 view) and keeps the first, so it takes the kernel
+    a multi-row pass takes instead of the matrix-vector one. And the weight's layout picks the
+    orientation: a column-major weight (Wᵀ contiguous) as x @ Wᵀ, a row-major one as (W @ xᵀ)ᵀ,
+    since x @ Wᵀ on a row-major W re-blocks by row count from 3 to 6 rows on (measured).
     """
-    if x.shape[0] == 1 and x.dtype == torch.float32:
-        return torch.mm(x.expand(2, -1), wt)[:1]
-    return torch.mm(x, wt)
+    if x.dtype != torch.float32:
+        return torch.mm(x, wt)
+    rows = x.shape[0]
+    a = x.expand(2, -1) if rows == 1 else x
+    y = torch.mm(a, wt) if wt.stride(1) == 1 else torch.mm(wt.t(), a.t()).t().contiguous()
+    return y[:1] if rows == 1 else y
 
 
 def transposed(weight: torch.Tensor, kept: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +132,8 @@ class Linear(nn.Linear):
         if torch.is_grad_enabled():
             return linear(x, self.weight, self.split)
         if self.invariant:
+            if x.dim() == 2:
+                return rows_mm(x, self.weight_t())
             return rows_mm(x.reshape(-1, x.shape[-1]), self.weight_t()).view(*x.shape[:-1], self.out_features)
         if x.dim() != 2 or self.split or not self.lean:
             return linear(x, self.weight, self.split)
@@ -125,25 +143,28 @@ class Linear(nn.Linear):
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x²) + eps) · weight, over the last dimension (no mean subtraction, no bias).
 
-    One form for any number of rows: a one-token special case (`torch.dot` for the sum of
-    squares) saved ~1 µs a call but rounded unlike the row reduction, so a token's hidden
-    state depended on how many tokens shared its pass (see the module docstring).
+    One form for any number of rows. A one-token special case (`torch.dot` for the sum of
+    squares) once saved the reduction kernel's overhead but rounded unlike the row reduction,
+    so a token's hidden state depended on how many tokens shared its pass (see the module
+    docstring). sum(x²) / d is bit for bit `torch.mean` (which sums, then divides) in eight
+    operator calls for one token where `torch.mean` takes thirteen and the dot form took ten.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
-        self._eps = None  # eps as a float32 tensor on the input's device, made on first use
+        self._constants = None  # (d, eps) as float32 tensors on the input's device, made on first use
         self.lean = True  # False: `F.rms_norm`, the plain call (`Transformer.lean_step`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or not self.lean or torch.is_grad_enabled():
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # eps as a tensor: a Python number costs four operator calls a use (wrapped, then copied)
-        if self._eps is None or self._eps.device != x.device:
-            self._eps = torch.tensor(self.eps, device=x.device)
-        return x * torch.rsqrt(torch.mean(x * x, -1, keepdim=True).add(self._eps)) * self.weight  # = F.rms_norm
+        # the constants as tensors: a Python number costs four operator calls a use (wrapped, then copied)
+        if self._constants is None or self._constants[0].device != x.device:
+            self._constants = (torch.tensor(float(x.shape[-1]), device=x.device), torch.tensor(self.eps, device=x.device))
+        n, eps = self._constants
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True).div(n).add(eps)) * self.weight  # = F.rms_norm
 
 
 def attend_rows(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> torch.Tensor:
@@ -153,18 +174,30 @@ def attend_rows(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     one-query GQA call of `labkit.kvcache.base.attention`). Query i of a T-token pass over a
     contiguous cache of S keys sees the first S − T + i + 1: the same call on the same views
     gives it the same bits, which one masked call over all T queries does not (the attention
-    kernel splits its work by query and key counts). Kinds that attend their own way, or
-    whose mask is not that causal prefix (a sliding window), take their usual call.
+    kernel splits its work by query and key counts). A prompt's pass (into an empty cache, or
+    of more than `INVARIANT_MAX_ROWS` tokens), kinds that attend their own way, and masks that
+    are not that causal prefix (a tree; a sliding window that has slid) take the usual single
+    call, so the switch never changes how a prompt is read.
     """
     T = q.shape[1]
-    if T == 1 or type(cache).attend is not KVCache.attend:
+    if T == 1 or T > INVARIANT_MAX_ROWS or type(cache).attend is not KVCache.attend:
         return cache.attend(layer, q, k, v, rope)
     keys, values, mask = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2), rope)
     S = keys.shape[2]
-    if mask is not None and not torch.equal(mask, causal_mask(T, S, mask.device)):
-        return attention(q, keys, values, mask)
+    if S == T or mask is not None and not _is_causal_prefix(mask, T, S):
+        return attention(q, keys, values, mask)  # what `cache.attend` does
     rows = [attention(q[:, i:i + 1], keys[:, :, :S - T + i + 1], values[:, :, :S - T + i + 1]) for i in range(T)]
     return torch.stack(rows, 1).view(q.shape[0] * T, -1)  # [B, T, H·D] -> [B·T, H·D]
+
+
+_checked_mask: list = [None, None, False]  # the last mask seen, its (T, S), whether it was the causal prefix
+
+
+def _is_causal_prefix(mask: torch.Tensor, T: int, S: int) -> bool:
+    """Whether `mask` is `causal_mask(T, S)`: checked once a pass (every layer hands over the same mask)."""
+    if mask is not _checked_mask[0] or _checked_mask[1] != (T, S):
+        _checked_mask[:] = [mask, (T, S), mask.shape == (T, S) and torch.equal(mask, causal_mask(T, S, mask.device))]
+    return _checked_mask[2]
 
 
 @contextmanager

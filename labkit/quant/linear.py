@@ -19,8 +19,8 @@ calibration stay fast, and both paths give the float32 numbers, though not the s
 `invariant` (set by `Transformer.batch_invariant`) makes each row's bits independent of how
 many rows share the product, so a k-token verification pass equals k one-token steps: the
 packed kernels already are (measured at 1 to 16 rows, bfloat16 and float32 activations), so
-float32-activation passes of up to `INVARIANT_KERNEL_ROWS` rows stay on the kernel, and a
-one-row float32 product (`reference`) runs as two identical rows, the multi-row kernel.
+float32-activation passes of up to `INVARIANT_KERNEL_ROWS` rows stay on the kernel, and the
+dequantized float32 product (`reference`) runs as `labkit.model.kernels.rows_mm` does.
 
     >>> layer = QuantLinear.from_float(torch.randn(64, 128), bits=8)
     >>> layer(torch.randn(1, 3, 128)).shape
@@ -33,10 +33,23 @@ from torch import nn
 
 from labkit.quant.rtn import QuantizedTensor, _check_bits, dequantize, quantize
 
-__all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES", "layout", "packed_layout_problem"]
+__all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES", "layout", "packed_layout_problem", "invariant_float_mm",
+           "INVARIANT_KERNEL_ROWS"]
 
 ACT_DTYPES = (torch.float32, torch.bfloat16)
 INVARIANT_KERNEL_ROWS = 16  # with `invariant`, float32-activation passes up to this many rows take the kernel
+
+
+def invariant_float_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [N, in] @ w [out, in]ᵀ in float32, each row's bits independent of N (up to 16 rows, measured).
+
+    What `labkit.model.kernels.rows_mm` does for a row-major weight: one row runs as two copies of
+    itself (the multi-row kernel, not the matrix-vector one) and the weight goes on the left,
+    (W @ xᵀ)ᵀ, since x @ Wᵀ on a row-major W changes its blocking with the row count.
+    """
+    rows = x.shape[0]
+    a = x.float().expand(2, -1) if rows == 1 else x.float()
+    return torch.mm(w, a.t()).t()[:rows].contiguous()
 
 
 def has_kernel(bits: int) -> bool:
@@ -124,8 +137,8 @@ class QuantLinear(nn.Module):
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
         rows = x2.shape[0]
         if self.reference or (self.act_dtype == torch.float32 and rows > (INVARIANT_KERNEL_ROWS if self.invariant else 1)):
-            a = x2.float() if rows > 1 or not self.invariant else x2.float().expand(2, -1)  # one row: the 2-row kernel
-            y = (a @ dequantize(self.qt).t())[:rows]
+            w = dequantize(self.qt)
+            y = invariant_float_mm(x2, w) if self.invariant else x2.float() @ w.t()
         else:
             a = x2 if x2.dtype == self.act_dtype else x2.to(self.act_dtype)
             if self.bits == 8:

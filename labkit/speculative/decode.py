@@ -140,8 +140,34 @@ class _HeuristicGamma:
 
 @torch.inference_mode()
 def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: int = 64, seed: int | None = 0,
-             chat: bool | None = None, compare: bool = False, **sampling) -> SpeculativeOutput:
-    """Generate with speculative decoding; `draft` is a model (same vocabulary) or a drafter object."""
+             chat: bool | None = None, compare: bool = False, batch_invariant: bool = True,
+             **sampling) -> SpeculativeOutput:
+    """Generate with speculative decoding; `draft` is a model (same vocabulary) or a drafter object.
+
+    `batch_invariant` (default on): the target's verification passes give each position the bits a one-token
+    step gives it (`labkit.model.kernels`), so greedy output does not depend on γ and equals plain greedy
+    decoding on the bf16, int8 and int4 targets bit for bit; a float32 plain step uses a matrix-vector kernel
+    whose last bits differ (~5e-5 in SmolLM2's logits), which only a near-tie can expose. Off: the fast
+    default kernels, and a near-tie may flip.
+    """
+    if not isinstance(batch_invariant, bool):
+        raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+    if not hasattr(target, "batch_invariant"):
+        raise TypeError(f"target must be a labkit Transformer, got {type(target).__name__}")
+    from labkit.model.kernels import batch_invariant as invariant
+
+    with invariant(target, batch_invariant):
+        result = _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sampling)
+    if compare:
+        from labkit.generation.reply import generate as plain_generate
+
+        params = SamplingParams.from_kwargs(None, **sampling)
+        plain = plain_generate(target, tok, result.prompt_ids, max_new_tokens=max_new_tokens, seed=seed, params=params)
+        result.plain = {"token_ids": plain.token_ids, "wall_s": plain.total_s, "same_tokens": plain.token_ids == result.token_ids}
+    return result
+
+
+def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sampling) -> SpeculativeOutput:
     from labkit.generation.reply import encode_prompt
 
     constrained = sorted({"regex", "json_schema", "choices"} & set(sampling))
@@ -206,9 +232,4 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
         acceptance=[accepted[i] / proposed[i] for i in range(depth)], proposed=proposed[:depth], gammas=gammas,
         target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall, tested=tested,
         accepted=sum(accepted), prefill_s=prefill_s)
-    if compare:
-        from labkit.generation.reply import generate as plain_generate
-
-        plain = plain_generate(target, tok, ids, max_new_tokens=max_new_tokens, seed=seed, params=params)
-        result.plain = {"token_ids": plain.token_ids, "wall_s": plain.total_s, "same_tokens": plain.token_ids == out}
     return result
