@@ -6,7 +6,6 @@ from labkit import kvcache
 from labkit.speculative import (LayerSkip, PromptLookup, TokenTree, TreeCache, TreeDraftModel, TreeLookup,
                                 generate_tree, tree_logits, verify_greedy, verify_sampled, verify_tree)
 from labkit.speculative.verify import residual
-from labkit.tokenizer import BPETokenizer
 from tests.kvcache_shared import ids, tiny
 
 CHI2_999 = {9: 27.88}  # the 0.999 quantile of χ² with 9 degrees of freedom
@@ -152,15 +151,7 @@ def test_a_token_outside_the_vocabulary_is_refused_before_the_pass():
 
 # ---- whole generations ----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def pair():
-    tok = BPETokenizer.train("the cat sat on the mat and the dog sat on the log. " * 6, 280)
-    target = tiny(vocab_size=tok.vocab_size, max_seq_len=256)
-    with torch.no_grad():  # a draft close to the target: the target with small noise
-        draft = tiny(vocab_size=tok.vocab_size, max_seq_len=256)
-        for a, b in zip(draft.parameters(), target.parameters()):
-            a.copy_(b + 0.05 * torch.randn_like(b))
-    return target, draft, tok
+from tests.test_speculative import pair  # noqa: E402,F401 - the target, its noisy draft and their tokenizer
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "model", "chain", "layerskip"])

@@ -159,12 +159,23 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     with invariant(target, batch_invariant):
         result = _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sampling)
     if compare:
-        from labkit.generation.reply import generate as plain_generate
-
-        params = SamplingParams.from_kwargs(None, **sampling)
-        plain = plain_generate(target, tok, result.prompt_ids, max_new_tokens=max_new_tokens, seed=seed, params=params)
-        result.plain = {"token_ids": plain.token_ids, "wall_s": plain.total_s, "same_tokens": plain.token_ids == result.token_ids}
+        attach_plain(result, target, tok, max_new_tokens, seed, SamplingParams.from_kwargs(None, **sampling))
     return result
+
+
+def emitted(new: list[int], eos, room: int) -> list[int]:
+    """What a round emits of `new` (accepted drafts and the target's token): through an end token, at most `room`."""
+    if eos in new:
+        new = new[:new.index(eos) + 1]
+    return new[:room]
+
+
+def attach_plain(result: SpeculativeOutput, target, tok, max_new_tokens: int, seed, params) -> None:
+    """Decode the same prompt plainly (the target's default kernels) and record it in `result.plain`."""
+    from labkit.generation.reply import generate as plain_generate
+
+    plain = plain_generate(target, tok, result.prompt_ids, max_new_tokens=max_new_tokens, seed=seed, params=params)
+    result.plain = {"token_ids": plain.token_ids, "wall_s": plain.total_s, "same_tokens": plain.token_ids == result.token_ids}
 
 
 def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sampling) -> SpeculativeOutput:
@@ -219,10 +230,7 @@ def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sam
         if schedule:
             schedule.update(len(drafted), n, d1 - d0, t1 - d1)
         gammas.append(len(drafted))
-        new = drafted[:n] + [nxt]
-        if eos in new:
-            new = new[:new.index(eos) + 1]
-        new = new[:max_new_tokens - len(out)]
+        new = emitted(drafted[:n] + [nxt], eos, max_new_tokens - len(out))
         history += new
         out += new
     wall = time.perf_counter() - t0

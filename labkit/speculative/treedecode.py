@@ -28,7 +28,7 @@ import torch
 
 from labkit.kvcache.base import KVCache
 from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
-from labkit.speculative.decode import SpeculativeOutput
+from labkit.speculative.decode import SpeculativeOutput, attach_plain, emitted
 from labkit.speculative.tree import TokenTree, verify_greedy, verify_sampled
 from labkit.speculative.treedraft import ChainTree, TreeDraftModel
 
@@ -207,9 +207,7 @@ def generate_tree(target, drafter, tok, prompt, *, max_nodes: int = 8, max_new_t
         nodes.append(len(tree) - 1)
         per_pass.append(k)
         new = [tree.tokens[i] for i in path[1:]] + [nxt]
-        if eos in new:
-            new = new[:new.index(eos) + 1]
-        new = new[:max_new_tokens - len(out)]
+        new = emitted(new, eos, max_new_tokens - len(out))
         history += new
         out += new
     wall = time.perf_counter() - t0
@@ -220,8 +218,5 @@ def generate_tree(target, drafter, tok, prompt, *, max_nodes: int = 8, max_new_t
         target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall, tested=tested,
         accepted=sum(per_pass), prefill_s=prefill_s, accepted_per_pass=per_pass)
     if compare:
-        from labkit.generation.reply import generate as plain_generate
-
-        plain = plain_generate(target, tok, ids, max_new_tokens=max_new_tokens, seed=seed, params=params)
-        result.plain = {"token_ids": plain.token_ids, "wall_s": plain.total_s, "same_tokens": plain.token_ids == out}
+        attach_plain(result, target, tok, max_new_tokens, seed, params)
     return result
