@@ -62,7 +62,7 @@ def test_checkers_pass_the_reference_and_catch_a_mistake(capsys):
 def test_bad_arguments_are_named_not_answered_with_zero(tmp_path):
     from labkit.speculative import expected_tokens, generate
     from labkit.speculative.costs import predicted_speedup
-    from labkit.speculative.mtp import load_head
+    from labkit.speculative.headfile import load_head
     from tests.kvcache_shared import tiny
 
     with pytest.raises(ValueError, match="gamma must be an integer >= 0"):
@@ -77,7 +77,7 @@ def test_bad_arguments_are_named_not_answered_with_zero(tmp_path):
             generate(model, draft, None, [1, 2, 3])
     bad = tmp_path / "head.safetensors"
     bad.write_text("not a safetensors file")
-    with pytest.raises(ValueError, match="is not a safetensors file holding an MTP head"):
+    with pytest.raises(ValueError, match="is not a safetensors file holding a drafting head"):
         load_head(bad, model)
 
 

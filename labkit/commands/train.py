@@ -1,12 +1,13 @@
-"""`labkit train --model shakespeare|shakespeare-draft|smollm2-mtp [--quick]`: train the lab's own models and heads."""
+"""`labkit train --model shakespeare|shakespeare-draft|smollm2-mtp|smollm2-heads [--quick]`: train the lab's own models and heads."""
 from __future__ import annotations
 
 
 def add_parser(sub):
     p = sub.add_parser("train", help="train the lab's Shakespeare target or draft from scratch, or SmolLM2's MTP head "
                                      "(writes data/NAME.safetensors)")
-    p.add_argument("--model", required=True, choices=["shakespeare", "shakespeare-draft", "smollm2-mtp"],
-                   help="which model to train (smollm2-mtp: a drafting head on frozen SmolLM2, labkit.train.mtp)")
+    p.add_argument("--model", required=True, choices=["shakespeare", "shakespeare-draft", "smollm2-mtp", "smollm2-heads"],
+                   help="which model to train (smollm2-mtp: the chained drafting head on frozen SmolLM2, labkit.train.mtp; "
+                        "smollm2-heads: its zero-copy head and parallel Medusa heads, labkit.train.heads)")
     p.add_argument("--quick", action="store_true", help="a tiny version in about a minute (what the tests train)")
     p.add_argument("--out", metavar="DIR", help="where to write the checkpoint (default data/; --quick defaults to .build/train)")
     p.add_argument("--steps", type=int, help="override the recipe's number of steps")
@@ -38,6 +39,17 @@ def run(args) -> int:
               f"of the backbone's own tokens); {record['prompts']} prompts, {record['conversations_tokens']:,} tokens; "
               f"final loss {record['losses'][-1]:.3f}; held-out top-1 agreement {record['val_agreement']:.1%}")
         print(f"wrote {record['path']}")
+        return 0
+    if args.model == "smollm2-heads":
+        from labkit.train.heads import train_heads
+
+        out.mkdir(parents=True, exist_ok=True)
+        for kind, record in train_heads(quick=args.quick, out_dir=out).items():
+            by_head = record.get("val_agreement_by_head")
+            extra = f" (by head: {' '.join(f'{a:.1%}' for a in by_head)})" if by_head else ""
+            print(f"{kind} head: {record['head_params']:,} parameters over {record['vocab']} tokens; final loss "
+                  f"{record['losses'][-1]:.3f}; held-out top-1 agreement {record['val_agreement']:.1%}{extra}")
+            print(f"wrote {record['path']}")
         return 0
     record = train_model(args.model, quick=args.quick, out_dir=out, seed=args.seed, distill=args.distill, steps=args.steps)
     name = record["model"]

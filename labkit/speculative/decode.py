@@ -58,6 +58,7 @@ class SpeculativeOutput:
     tested: int = 0  # draft tokens the verification looked at (it stops at the first rejection)
     accepted: int = 0  # of which accepted
     prefill_s: float = 0.0  # the prompt's pass and the first token (wall_s − prefill_s: the rounds)
+    draft_s: float = 0.0  # seconds the drafter spent proposing, all rounds together
 
     @property
     def alpha(self) -> float:
@@ -205,13 +206,14 @@ def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sam
     prefill_s = time.perf_counter() - t0
     history, out = ids + [first], [first]
     proposed, accepted, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1  # per draft position
-    tested = 0
+    tested, draft_s = 0, 0.0
     while len(out) < max_new_tokens and out[-1] != eos:
         g = schedule.next() if schedule else gamma
         g = max(0, min(g, max_new_tokens - len(out) - 1, cache.max_len - cache.seq_len - 2))
         d0 = time.perf_counter()
         drafted, q = drafter.propose(history, g, params, gen) if g else ([], None)
         d1 = time.perf_counter()
+        draft_s += d1 - d0
         x = torch.tensor([[history[-1]] + drafted])
         logits = target(x, cache=cache)[0].float()  # [k + 1, V]
         t1 = time.perf_counter()
@@ -239,5 +241,5 @@ def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sam
         text=tok.decode([i for i in out if i != eos]), token_ids=out, prompt_ids=ids,
         acceptance=[accepted[i] / proposed[i] for i in range(depth)], proposed=proposed[:depth], gammas=gammas,
         target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall, tested=tested,
-        accepted=sum(accepted), prefill_s=prefill_s)
+        accepted=sum(accepted), prefill_s=prefill_s, draft_s=draft_s)
     return result

@@ -23,7 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from labkit.speculative.mtp import MTPHead, save_head
+from labkit.speculative.headfile import save_head
+from labkit.speculative.mtp import MTPHead
 
 __all__ = ["chat_prompts", "generate_conversations", "features", "frequent_vocab", "train_head", "train_mtp"]
 
