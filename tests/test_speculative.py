@@ -192,4 +192,25 @@ def test_auto_gamma_measures_two_pass_lengths_then_picks_the_fastest_gamma():
         auto.update(g, accepted, 0.1 * g, cost(g + 1))
     assert seen[:2] == [4, 1]  # the start, then the other end, before any model is trusted
     rate = {g: expected_tokens(min(auto.alpha, 0.999), g) / (0.1 * g + cost(g + 1)) for g in range(1, GAMMA_MAX + 1)}
-    assert seen[-1] == max(rate, key=rate.get)
+    rate[0] = 1 / auto._t(1)  # not drafting at all is a choice too
+    best = max(rate, key=rate.get)
+    assert seen[-1] == best or (best == 0 and seen[-1] == 1)  # a probe round drafts one token
+
+
+def test_auto_gamma_stops_drafting_where_it_cannot_pay_and_probes_now_and_then():
+    from labkit.speculative.decode import PROBE_EVERY, _AutoGamma
+
+    cost = lambda k: 1.0 + 0.3 * (k - 1)  # noqa: E731
+    auto = _AutoGamma(start=4)
+    seen = []
+    for _ in range(6 * PROBE_EVERY):
+        g = auto.next()
+        seen.append(g)
+        auto.update(g, 0, 0.1 * g, cost(g + 1))  # a useless draft: nothing is ever accepted
+    tail = seen[2 * PROBE_EVERY:]
+    assert set(tail) == {0, 1} and tail.count(1) <= len(tail) // PROBE_EVERY + 1  # plain steps, and a probe now and then
+    good = _AutoGamma(start=4)
+    for _ in range(40):  # a draft that is always right: drafting pays, never a plain step
+        g = good.next()
+        good.update(g, g, 0.01 * g, cost(g + 1))
+    assert g >= 2

@@ -9,10 +9,12 @@ emitted token and the γ proposals (γ + 1 positions, on its KV cache); verifica
 own; the target's cache is truncated to drop the rejected positions. A round therefore
 emits between 1 and γ + 1 tokens for one target pass.
 
-`gamma="auto"` picks γ each round from an EMA of the acceptance rate α (accepted / tested drafts) and the measured
+`gamma="auto"` measures passes of γ_start + 1, 2 and 1 tokens first, then picks γ each round from an EMA of the acceptance rate α (accepted / tested drafts) and the measured
 costs: a draft step c and a target pass over k tokens T(k), both relative to T(1); it
 maximises the expected tokens per unit time E(γ) / (γ·c + T(γ+1)) with
-E(γ) = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3.3), no training needed.
+E(γ) = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3.3), no training needed. γ = 0 (a plain
+step, rate 1 / T(1)) is one of its choices: where drafting cannot pay it stops drafting, and every
+`PROBE_EVERY`-th such round drafts one token to keep α measured.
 `gamma="heuristic"` is the schedule Hugging Face's assisted generation uses by default: γ grows
 by 2 after a round whose drafts were all accepted and shrinks by 1 otherwise (between 1 and
 `GAMMA_MAX`); it looks at acceptance only, never at the costs.
@@ -32,6 +34,7 @@ __all__ = ["generate", "SpeculativeOutput", "expected_tokens", "GAMMA_MAX"]
 
 GAMMA_MAX = 8  # the largest gamma 'auto' picks
 GAMMA_LIMIT = 64  # the largest fixed gamma accepted
+PROBE_EVERY = 8  # 'auto' drafts one token every this many rounds it chose not to draft
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -90,9 +93,10 @@ class _AutoGamma:
     """γ from the EMA of acceptance and the measured relative costs (see the module docstring)."""
 
     def __init__(self, start: int = 4, decay: float = 0.8):
-        self.alpha, self.decay, self.gamma = 0.6, decay, start
+        self.alpha, self.decay, self.gamma, self.start = 0.6, decay, start, start
         self.draft_s: float | None = None
         self.target_s: dict[int, float] = {}
+        self.plain_rounds = 0  # rounds run without drafting since the last draft
 
     def update(self, proposed: int, accepted: int, draft_s: float, target_s: float) -> None:
         if proposed:
@@ -116,13 +120,25 @@ class _AutoGamma:
         return max(t0, t0 + (t1 - t0) * (k - k0) / (k1 - k0))
 
     def next(self) -> int:
-        if self.draft_s is None or len(self.target_s) < 2:
-            # explore: the start γ, then γ = 1, so that T(k) is measured at two lengths before the model is used
-            return 1 if self.gamma + 1 in self.target_s else self.gamma
+        for k in (self.start + 1, 2, 1):
+            # explore: the start γ, then γ = 1, then one plain step, so that T(k) is measured at three lengths
+            # (T(1) among them: the cost of not drafting) before the model is used
+            if k not in self.target_s:
+                return k - 1
+        if self.draft_s is None:
+            return self.start
         a = min(self.alpha, 0.999)
         rate = {g: expected_tokens(a, g) / (g * self.draft_s + self._t(g + 1)) for g in range(1, GAMMA_MAX + 1)}
-        self.gamma = max(rate, key=rate.get)
-        return self.gamma
+        rate[0] = 1 / self._t(1)  # a plain step
+        best = max(rate, key=rate.get)
+        if best == 0:
+            self.plain_rounds += 1
+            if self.plain_rounds % PROBE_EVERY == 0:
+                best = 1  # a probe: without drafts α would never be measured again
+        else:
+            self.plain_rounds = 0
+        self.gamma = best
+        return best
 
 
 class _HeuristicGamma:

@@ -17,7 +17,6 @@ Written to `data/smollm2-zerocopy.safetensors` and `data/smollm2-medusa.safetens
 from __future__ import annotations
 
 import json
-import math
 import time
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 from labkit.speculative.headfile import save_head
 from labkit.speculative.heads import MedusaHeads, ZeroCopyHead
+from labkit.train.mtp import fit_head
 
 __all__ = ["features_kv", "train_zero_copy", "zero_copy_agreement", "train_medusa", "medusa_agreement", "train_heads"]
 
@@ -76,37 +76,6 @@ def _zero_copy_logits(backbone, head, batch, rows, noise=0.0, gen=None):
     return F.linear(backbone.norm(out), rows), tgt
 
 
-def _loop(params, steps, lr, seed, step_loss, check, eval_every, desc, progress):
-    """AdamW, cosine schedule, gradient clipping; keeps the state with the best `check()`."""
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    losses, checks, best, t0 = [], [], None, time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=steps, desc=desc, unit="step")
-    gen = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-        loss = step_loss(gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if (step + 1) % eval_every == 0 or step + 1 == steps:
-            score, state = check()
-            checks.append((step + 1, score))
-            if score >= max(a for _, a in checks):
-                best = state
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    if bar is not None:
-        bar.close()
-    return losses, checks, best, time.perf_counter() - t0
-
-
 def train_zero_copy(backbone, head: ZeroCopyHead, train, val, *, steps: int = 400, batch: int = 8, lr: float = 1e-3,
                     seed: int = 0, noise: float = 0.1, eval_every: int = 100, progress: bool = True) -> dict:
     """Teacher-forced training on whole conversations; returns losses, agreement checks and the best agreement."""
@@ -126,7 +95,7 @@ def train_zero_copy(backbone, head: ZeroCopyHead, train, val, *, steps: int = 40
     def check():
         return zero_copy_agreement(backbone, head, val), {k: v.detach().clone() for k, v in head.state_dict().items()}
 
-    losses, checks, best, wall = _loop(params, steps, lr, seed, step_loss, check, eval_every, "training the zero-copy head", progress)
+    losses, checks, best, wall = fit_head(params, steps, lr, seed, step_loss, check, eval_every, "training the zero-copy head", progress)
     head.load_state_dict(best)
     return {"losses": losses, "train_s": wall, "agreement_checks": checks, "val_agreement": max(a for _, a in checks)}
 
@@ -178,7 +147,7 @@ def train_medusa(backbone, heads: MedusaHeads, train, val, *, steps: int = 400, 
         per = medusa_agreement(backbone, heads, val)
         return sum(per) / len(per), {k: v.detach().clone() for k, v in heads.state_dict().items()}
 
-    losses, checks, best, wall = _loop(params, steps, lr, seed, step_loss, check, eval_every, "training the Medusa heads", progress)
+    losses, checks, best, wall = fit_head(params, steps, lr, seed, step_loss, check, eval_every, "training the Medusa heads", progress)
     heads.load_state_dict(best)
     return {"losses": losses, "train_s": wall, "agreement_checks": checks, "val_agreement": max(a for _, a in checks),
             "val_agreement_by_head": medusa_agreement(backbone, heads, val)}
@@ -199,19 +168,10 @@ def train_heads(quick: bool = False, out_dir=None, vocab: int = 4096, n_medusa: 
     """The whole recipe on SmolLM2 (see the module docstring); writes both heads to `out_dir` (default data/)."""
     from pathlib import Path
 
-    from labkit.data import corpus, paths
-    from labkit.model.gguf import load_gguf
-    from labkit.tokenizer.gguf import from_gguf
-    from labkit.train.mtp import chat_prompts, frequent_vocab, generate_conversations
+    from labkit.data import paths
+    from labkit.train.mtp import frequent_vocab, self_distillation_data
 
-    backbone, tok = load_gguf(paths.smollm2_gguf_path()), from_gguf(paths.smollm2_gguf_path())
-    backbone.eval().requires_grad_(False)
-    text = corpus.load_text("train")
-    passages = [text[i:i + 400].split("\n", 1)[-1].rsplit("\n", 1)[0] for i in range(0, 40_000, 2_500)]
-    prompts = chat_prompts(passages, quick)
-    t0 = time.perf_counter()
-    convs = generate_conversations(backbone, tok, prompts, max_new_tokens=16 if quick else 96, progress=progress)
-    gen_s = time.perf_counter() - t0
+    backbone, prompts, convs, gen_s = self_distillation_data(quick, progress)
     feats = features_kv(backbone, convs)
     val, train = feats[::10], [f for i, f in enumerate(feats) if i % 10]
     vocab_ids, coverage = frequent_vocab([f[:3] for f in train], vocab)

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from labkit.speculative.headfile import save_head
 from labkit.speculative.mtp import MTPHead
 
-__all__ = ["chat_prompts", "generate_conversations", "features", "frequent_vocab", "train_head", "train_mtp"]
+__all__ = ["chat_prompts", "generate_conversations", "self_distillation_data", "features", "frequent_vocab", "train_head",
+           "train_mtp", "fit_head"]
 
 TOPICS = ["lakes", "rain", "bread", "rivers", "the ocean", "volcanoes", "bees", "trees", "coffee", "tea", "music",
           "the piano", "chess", "football", "bicycles", "trains", "airplanes", "the internet", "email", "computers",
@@ -115,6 +116,39 @@ def _examples(feats, vocab_ids: torch.Tensor, vocab_size: int):
     return torch.cat(hs), torch.cat(nxt), torch.cat(tgt)
 
 
+def fit_head(params, steps, lr, seed, step_loss, check, eval_every, desc, progress):
+    """AdamW with a cosine schedule and gradient clipping over `steps` calls of `step_loss(generator)`; every
+    `eval_every` steps `check()` gives (score, state): the state with the best score is returned as `best`.
+    Returns (losses, checks, best, seconds)."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    losses, checks, best, t0 = [], [], None, time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=steps, desc=desc, unit="step")
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        loss = step_loss(gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            score, state = check()
+            checks.append((step + 1, score))
+            if score >= max(a for _, a in checks):
+                best = state
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    if bar is not None:
+        bar.close()
+    return losses, checks, best, time.perf_counter() - t0
+
+
 def train_head(backbone, head: MTPHead, train_feats, val_feats, *, steps: int = 400, batch: int = 8, seq_len: int = 128,
                lr: float = 1e-3, seed: int = 0, noise: float = 0.1, eval_every: int = 100, progress: bool = True) -> dict:
     """AdamW with a cosine schedule on windows of the training stream; keeps the weights with the best held-out
@@ -124,41 +158,23 @@ def train_head(backbone, head: MTPHead, train_feats, val_feats, *, steps: int = 
     if len(tgt) <= seq_len:
         raise ValueError(f"the training stream holds {len(tgt)} examples, fewer than seq_len={seq_len}")
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rows = backbone.output_weight().detach().index_select(0, head.vocab_ids)
-    losses, checks, best, t0 = [], [], None, time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=steps, desc="training the MTP head", unit="step")
-    gen = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+    def step_loss(gen):
         starts = torch.randint(0, len(tgt) - seq_len, (batch,), generator=gen)
         idx = starts[:, None] + torch.arange(seq_len)
         x = h[idx]
         if noise:  # EAGLE's trick: a little uniform noise on the features, as the head's own guesses will carry
             x = x + (torch.rand(x.shape, generator=gen) - 0.5) * (2 * noise * x.std())
-        out = head(backbone, x, nxt[idx])
-        logits = F.linear(backbone.norm(out), rows)  # [B, T, K]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[idx].reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if (step + 1) % eval_every == 0 or step + 1 == steps:
-            checks.append((step + 1, agreement(backbone, head, val_feats)))
-            if checks[-1][1] >= max(a for _, a in checks):
-                best = {k: v.detach().clone() for k, v in head.state_dict().items()}
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-    if bar is not None:
-        bar.close()
+        logits = F.linear(backbone.norm(head(backbone, x, nxt[idx])), rows)  # [B, T, K]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[idx].reshape(-1), ignore_index=-100)
+
+    def check():
+        return agreement(backbone, head, val_feats), {k: v.detach().clone() for k, v in head.state_dict().items()}
+
+    losses, checks, best, wall = fit_head(params, steps, lr, seed, step_loss, check, eval_every, "training the MTP head", progress)
     head.load_state_dict(best)
-    return {"losses": losses, "train_s": time.perf_counter() - t0, "agreement_checks": checks,
+    return {"losses": losses, "train_s": wall, "agreement_checks": checks,
             "val_agreement": max(a for _, a in checks), "train_examples": int(len(tgt))}
 
 
@@ -176,10 +192,8 @@ def agreement(backbone, head: MTPHead, feats) -> float:
     return hits / max(total, 1)
 
 
-def train_mtp(quick: bool = False, out_dir=None, vocab: int = 4096, progress: bool = True) -> dict:
-    """The whole recipe on SmolLM2 (see the module docstring); writes `<out_dir>/smollm2-mtp.safetensors`."""
-    from pathlib import Path
-
+def self_distillation_data(quick: bool = False, progress: bool = True):
+    """Frozen SmolLM2 and its greedy replies to the fixed prompts: (backbone, prompts, conversations, seconds)."""
     from labkit.data import corpus, paths
     from labkit.model.gguf import load_gguf
     from labkit.tokenizer.gguf import from_gguf
@@ -191,7 +205,16 @@ def train_mtp(quick: bool = False, out_dir=None, vocab: int = 4096, progress: bo
     prompts = chat_prompts(passages, quick)
     t0 = time.perf_counter()
     convs = generate_conversations(backbone, tok, prompts, max_new_tokens=16 if quick else 96, progress=progress)
-    gen_s = time.perf_counter() - t0
+    return backbone, prompts, convs, time.perf_counter() - t0
+
+
+def train_mtp(quick: bool = False, out_dir=None, vocab: int = 4096, progress: bool = True) -> dict:
+    """The whole recipe on SmolLM2 (see the module docstring); writes `<out_dir>/smollm2-mtp.safetensors`."""
+    from pathlib import Path
+
+    from labkit.data import paths
+
+    backbone, prompts, convs, gen_s = self_distillation_data(quick, progress)
     feats = features(backbone, convs)
     val, train = feats[::10], [f for i, f in enumerate(feats) if i % 10]  # every tenth conversation held out
     vocab_ids, coverage = frequent_vocab(train, vocab)
