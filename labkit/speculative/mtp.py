@@ -12,8 +12,8 @@ backbone's (frozen, shared), and its KV cache has one layer where the backbone h
 them. Drafting γ tokens chains the head on its own output (h'_t stands in for the hidden
 state the backbone has not computed yet), so the guesses get worse with depth.
 
-A draft step that ran the full LM head would cost what a fifth of SmolLM2's forward costs
-(the head is 28 M of its 135 M parameters). `vocab_ids` restricts the head's output to the
+A draft step that ran the full LM head would read a fifth of SmolLM2's weights (28 M of its 135 M
+parameters) and cost a large share of a SmolLM2 step (`head_step_s` measures it). `vocab_ids` restricts the head's output to the
 most frequent tokens: the draft reads only those rows, and a token outside them is never
 proposed (the target still decides, so the output stays exact).
 """
