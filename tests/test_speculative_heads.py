@@ -189,3 +189,17 @@ def test_labkit_train_smollm2_heads_quick_writes_heads_that_draft_exactly(tmp_pa
         finally:
             drafter.close()
         assert out.plain["same_tokens"], name
+
+
+def test_the_head_recipes_generate_their_conversations_once(tmp_path, monkeypatch):
+    from labkit.data import paths
+    from labkit.train import mtp
+
+    calls = []
+    monkeypatch.setattr(paths, "ROOT", tmp_path)
+    monkeypatch.setattr(mtp, "generate_conversations",
+                        lambda backbone, tok, prompts, max_new_tokens, progress: calls.append(1) or [[1, 2, 3]] * len(prompts))
+    first = mtp.self_distillation_data(quick=True, progress=False)
+    again = mtp.self_distillation_data(quick=True, progress=False)
+    assert len(calls) == 1 and first[2] == again[2] and first[3] == again[3]
+    assert len(list((tmp_path / ".build" / "train").glob("smollm2-conversations-*.json"))) == 1

@@ -11,7 +11,7 @@
    best agreement are kept (the corpus is small: longer training memorises it).
 
 The prompts that `labkit bench --only speculative` and chapter 07 measure with are not among the training
-prompts (no "moon", no `total`/`s` code, no lighthouse passage). The head is saved as
+prompts (no "moon" or "sun", no `Account` or `Basket` class, no lighthouse or baker passage). The head is saved as
 `data/smollm2-mtp.safetensors` (float16, ~8 MB).
 """
 from __future__ import annotations
@@ -193,7 +193,13 @@ def agreement(backbone, head: MTPHead, feats) -> float:
 
 
 def self_distillation_data(quick: bool = False, progress: bool = True):
-    """Frozen SmolLM2 and its greedy replies to the fixed prompts: (backbone, prompts, conversations, seconds)."""
+    """Frozen SmolLM2 and its greedy replies to the fixed prompts: (backbone, prompts, conversations, seconds).
+
+    The replies are kept in `.build/train/` under a hash of the prompts, the reply length and the model file, so the
+    recipes that share them (`smollm2-mtp`, `smollm2-heads`) generate them once; `seconds` is the
+    generation's own time either way."""
+    import hashlib
+
     from labkit.data import corpus, paths
     from labkit.model.gguf import load_gguf
     from labkit.tokenizer.gguf import from_gguf
@@ -203,9 +209,19 @@ def self_distillation_data(quick: bool = False, progress: bool = True):
     text = corpus.load_text("train")
     passages = [text[i:i + 400].split("\n", 1)[-1].rsplit("\n", 1)[0] for i in range(0, 40_000, 2_500)]
     prompts = chat_prompts(passages, quick)
+    max_new = 16 if quick else 96
+    gguf = paths.smollm2_gguf_path()
+    key = hashlib.sha256(json.dumps([prompts, max_new, gguf.name, gguf.stat().st_size]).encode()).hexdigest()[:16]
+    stored = paths.ROOT / ".build" / "train" / f"smollm2-conversations-{key}.json"
+    if stored.exists():
+        saved = json.loads(stored.read_text())
+        return backbone, prompts, saved["conversations"], saved["generate_s"]
     t0 = time.perf_counter()
-    convs = generate_conversations(backbone, tok, prompts, max_new_tokens=16 if quick else 96, progress=progress)
-    return backbone, prompts, convs, time.perf_counter() - t0
+    convs = generate_conversations(backbone, tok, prompts, max_new_tokens=max_new, progress=progress)
+    gen_s = time.perf_counter() - t0
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    stored.write_text(json.dumps({"conversations": convs, "generate_s": gen_s}))
+    return backbone, prompts, convs, gen_s
 
 
 def train_mtp(quick: bool = False, out_dir=None, vocab: int = 4096, progress: bool = True) -> dict:
