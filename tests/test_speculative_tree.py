@@ -280,3 +280,46 @@ def test_the_chi2_test_catches_a_verification_that_forgets_the_residual():
     P, first, _ = _emitted(_no_residual)
     assert _chi2(first, P[0]) > 10 * CHI2_999[9]
     assert torch.allclose(residual(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0])), torch.tensor([0.0, 1.0]))
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int4"])
+def test_with_the_switch_a_tree_node_gets_the_bits_of_one_token_steps_on_its_path(fmt):
+    """Batch invariance for trees: each node attends alone over the keys its row of the mask shows, so its logits
+    are bit for bit those of one-token steps along its path, as a k-token pass's are (`test_batch_invariance`;
+    on bf16, int8 and int4 the switch leaves one-token steps as they were). The control: without it, bf16 differs."""
+    import copy
+
+    from tests.test_batch_invariance import build
+
+    model = build(fmt)
+    history = torch.randint(0, model.config.vocab_size, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    tree = TokenTree.from_branches(history[-1], [[3, 4, 5], [3, 6], [7, 8, 9, 10], [11]])
+
+    @torch.inference_mode()
+    def worst(invariant):
+        model.batch_invariant = invariant
+        base = _prefilled(model, history)
+        logits, out = tree_logits(model, copy.deepcopy(base), tree), 0.0
+        for i in range(len(tree)):
+            steps = copy.deepcopy(base)
+            for t in [history[-1]] + tree.path_tokens(i):
+                step = model.step(torch.tensor([[t]]), cache=steps)[0, -1]
+            out = max(out, float((step.float() - logits[i].float()).abs().max()))
+        return out
+
+    assert worst(True) == 0.0
+    if fmt == "bfloat16":
+        assert worst(False) > 0  # one masked call over the whole tree rounds differently
+
+
+def test_generate_tree_verifies_with_the_switch_on_and_restores_it(pair):
+    target, draft, tok = pair
+    seen = []
+    hook = target.register_forward_pre_hook(lambda m, a: seen.append(m.batch_invariant))
+    try:
+        out = generate_tree(target, TreeDraftModel(draft), tok, "ROMEO:", max_nodes=4, max_new_tokens=8)
+    finally:
+        hook.remove()
+    assert out.token_ids and all(seen) and target.batch_invariant is False
+    with pytest.raises(ValueError, match="batch_invariant must be True or False"):
+        generate_tree(target, TreeDraftModel(draft), tok, "ROMEO:", batch_invariant="yes")

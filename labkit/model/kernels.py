@@ -174,9 +174,11 @@ def attend_rows(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     one-query GQA call of `labkit.kvcache.base.attention`). Query i of a T-token pass over a
     contiguous cache of S keys sees the first S − T + i + 1: the same call on the same views
     gives it the same bits, which one masked call over all T queries does not (the attention
-    kernel splits its work by query and key counts). A prompt's pass (into an empty cache, or
-    of more than `INVARIANT_MAX_ROWS` tokens), kinds that attend their own way, and masks that
-    are not that causal prefix (a tree; a sliding window that has slid) take the usual single
+    kernel splits its work by query and key counts). Under any other mask (a token tree, a
+    sliding window that has slid) each query attends alone over the keys its row of the mask
+    lets it see, in slot order: a tree node gets the bits a one-token step on its own path gets
+    once the path sits in consecutive slots. A prompt's pass (into an empty cache, or of more
+    than `INVARIANT_MAX_ROWS` tokens) and kinds that attend their own way take the usual single
     call, so the switch never changes how a prompt is read.
     """
     T = q.shape[1]
@@ -184,10 +186,32 @@ def attend_rows(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         return cache.attend(layer, q, k, v, rope)
     keys, values, mask = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2), rope)
     S = keys.shape[2]
-    if S == T or mask is not None and not _is_causal_prefix(mask, T, S):
+    if S == T or mask is not None and mask.shape != (T, S):
         return attention(q, keys, values, mask)  # what `cache.attend` does
-    rows = [attention(q[:, i:i + 1], keys[:, :, :S - T + i + 1], values[:, :, :S - T + i + 1]) for i in range(T)]
+    if mask is None or _is_causal_prefix(mask, T, S):
+        rows = [attention(q[:, i:i + 1], keys[:, :, :S - T + i + 1], values[:, :, :S - T + i + 1]) for i in range(T)]
+    else:  # a tree (or a slid window): each query over the keys it sees, in slot order, as a step on that path would
+        rows = []
+        for i, seen in enumerate(_visible_slots(mask)):
+            k_i, v_i = (keys[:, :, :seen], values[:, :, :seen]) if isinstance(seen, int) else \
+                (keys.index_select(2, seen), values.index_select(2, seen))
+            rows.append(attention(q[:, i:i + 1], k_i, v_i))
     return torch.stack(rows, 1).view(q.shape[0] * T, -1)  # [B, T, H·D] -> [B·T, H·D]
+
+
+_visible: list = [None, None]  # the last mask seen and its rows' visible slots
+
+
+def _visible_slots(mask: torch.Tensor) -> list:
+    """Per query row of `mask`: the number of keys it sees if they are a prefix, else their slots (computed once a pass)."""
+    if mask is not _visible[0]:
+        rows = []
+        for row in mask:
+            slots = row.nonzero().flatten()
+            n = slots.numel()
+            rows.append(n if n and int(slots[-1]) == n - 1 else slots)
+        _visible[:] = [mask, rows]
+    return _visible[1]
 
 
 _checked_mask: list = [None, None, False]  # the last mask seen, its (T, S), whether it was the causal prefix

@@ -16,8 +16,10 @@ The model is not changed: `TreeCache` is a thin view of the real cache that hand
 the tree's positions from `begin` and the tree mask from `update`. Both ways the model attends
 go through `update`: `cache.attend`, which the view inherits from `KVCache` (update, then
 attention with the mask it returned), and the batch-invariant path (`kernels.attend_rows`),
-which splits the queries only under a plain causal mask and otherwise attends with the mask it
-got. The view reports no kind, so no kind-specific shortcut takes it for a contiguous cache.
+which `generate_tree` turns on by default: each node attends alone over the keys its row of the
+tree mask lets it see, so it gets the bits a one-token step on its own path gets, and greedy
+tree output equals plain greedy output on every format. The view reports no kind, so no
+kind-specific shortcut takes it for a contiguous cache.
 """
 from __future__ import annotations
 
@@ -170,8 +172,25 @@ def _check(target, drafter, max_nodes, max_new_tokens, sampling) -> None:
 
 @torch.inference_mode()
 def generate_tree(target, drafter, tok, prompt, *, max_nodes: int = 8, max_new_tokens: int = 64, seed: int | None = 0,
-                  chat: bool | None = None, compare: bool = False, **sampling) -> TreeOutput:
-    """Generate with tree speculative decoding: at most `max_nodes` tree nodes (root included) per target pass."""
+                  chat: bool | None = None, compare: bool = False, batch_invariant: bool = True, **sampling) -> TreeOutput:
+    """Generate with tree speculative decoding: at most `max_nodes` tree nodes (root included) per target pass.
+
+    `batch_invariant` (default on), as in `speculative.generate`: the tree passes give each node the bits a
+    one-token step on its path gives it, so greedy output cannot depend on the tree's shape."""
+    if not isinstance(batch_invariant, bool):
+        raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+    if not hasattr(target, "batch_invariant"):
+        raise TypeError(f"target must be a labkit Transformer, got {type(target).__name__}")
+    from labkit.model.kernels import batch_invariant as invariant
+
+    with invariant(target, batch_invariant):
+        result = _generate_tree(target, drafter, tok, prompt, max_nodes, max_new_tokens, seed, chat, sampling)
+    if compare:
+        attach_plain(result, target, tok, max_new_tokens, seed, SamplingParams.from_kwargs(None, **sampling))
+    return result
+
+
+def _generate_tree(target, drafter, tok, prompt, max_nodes, max_new_tokens, seed, chat, sampling) -> TreeOutput:
     from labkit.generation.reply import encode_prompt
 
     drafter = as_tree_drafter(drafter)
@@ -217,6 +236,4 @@ def generate_tree(target, drafter, tok, prompt, *, max_nodes: int = 8, max_new_t
         acceptance=[accepted[d] / proposed[d] for d in range(depth)], proposed=proposed[:depth], gammas=nodes,
         target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall, tested=tested,
         accepted=sum(per_pass), prefill_s=prefill_s, accepted_per_pass=per_pass)
-    if compare:
-        attach_plain(result, target, tok, max_new_tokens, seed, params)
     return result
