@@ -8,14 +8,7 @@ from labkit.speculative import (LayerSkip, PromptLookup, TokenTree, TreeCache, T
 from labkit.speculative.verify import residual
 from tests.kvcache_shared import ids, tiny
 
-CHI2_999 = {9: 27.88}  # the 0.999 quantile of χ² with 9 degrees of freedom
-
-
-def _chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
-    expected = p * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0  # nothing where the target puts no mass
-    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+from tests.test_speculative import CHI2_999, _chi2  # the χ² statistic and its 0.999 quantile
 
 
 # ---- the tree ---------------------------------------------------------------------------

@@ -167,6 +167,14 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     whose last bits differ (~5e-5 in SmolLM2's logits), which only a near-tie can expose. Off: the fast
     default kernels, and a near-tie may flip.
     """
+    return run_exact(target, batch_invariant, lambda: _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed,
+                                                                chat, sampling),
+                     compare and (tok, max_new_tokens, seed, sampling))
+
+
+def run_exact(target, batch_invariant: bool, loop, compare=None):
+    """Run a speculative `loop()` with the target batch-invariant (or not, `batch_invariant`), then, when `compare`
+    is (tok, max_new_tokens, seed, sampling), decode the same prompt plainly into `result.plain`."""
     if not isinstance(batch_invariant, bool):
         raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
     if not hasattr(target, "batch_invariant"):
@@ -174,8 +182,9 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     from labkit.model.kernels import batch_invariant as invariant
 
     with invariant(target, batch_invariant):
-        result = _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sampling)
+        result = loop()
     if compare:
+        tok, max_new_tokens, seed, sampling = compare
         attach_plain(result, target, tok, max_new_tokens, seed, SamplingParams.from_kwargs(None, **sampling))
     return result
 

@@ -30,7 +30,7 @@ import torch
 
 from labkit.kvcache.base import KVCache
 from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
-from labkit.speculative.decode import SpeculativeOutput, attach_plain, emitted
+from labkit.speculative.decode import SpeculativeOutput, emitted, run_exact
 from labkit.speculative.tree import TokenTree, verify_greedy, verify_sampled
 from labkit.speculative.treedraft import ChainTree, TreeDraftModel
 
@@ -177,17 +177,9 @@ def generate_tree(target, drafter, tok, prompt, *, max_nodes: int = 8, max_new_t
 
     `batch_invariant` (default on), as in `speculative.generate`: the tree passes give each node the bits a
     one-token step on its path gives it, so greedy output cannot depend on the tree's shape."""
-    if not isinstance(batch_invariant, bool):
-        raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
-    if not hasattr(target, "batch_invariant"):
-        raise TypeError(f"target must be a labkit Transformer, got {type(target).__name__}")
-    from labkit.model.kernels import batch_invariant as invariant
-
-    with invariant(target, batch_invariant):
-        result = _generate_tree(target, drafter, tok, prompt, max_nodes, max_new_tokens, seed, chat, sampling)
-    if compare:
-        attach_plain(result, target, tok, max_new_tokens, seed, SamplingParams.from_kwargs(None, **sampling))
-    return result
+    return run_exact(target, batch_invariant, lambda: _generate_tree(target, drafter, tok, prompt, max_nodes,
+                                                                     max_new_tokens, seed, chat, sampling),
+                     compare and (tok, max_new_tokens, seed, sampling))
 
 
 def _generate_tree(target, drafter, tok, prompt, max_nodes, max_new_tokens, seed, chat, sampling) -> TreeOutput:
