@@ -11,7 +11,7 @@ export IPYTHONDIR          := $(BUILD)/ipython
 export MPLCONFIGDIR        := $(BUILD)/mpl
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 
-.PHONY: setup lab test test-unit test-notebooks test-portable test-browser test-browser-all notebooks student release bench doctor data clean
+.PHONY: setup lab test test-unit test-notebooks test-portable test-isa test-browser test-browser-all notebooks student release bench doctor data clean
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +31,10 @@ test-notebooks: setup
 # every chapter (or NB=...) under nbval with one thread, then with a busy CPU: outputs must reproduce anywhere
 test-portable: setup
 	bash scripts/test_portable.sh $(NB)
+
+# the kernel-dependent unit tests under an emulated AVX2 CPU and with no SIMD (ISA=avx2 or ISA=default for one)
+test-isa: setup
+	bash scripts/test_isa.sh $(ISA)
 
 test-browser: setup
 	$(VENV)/bin/pytest tests -m browser $(PYTEST_ARGS)

@@ -8,3 +8,10 @@ def pytest_configure(config):
 
 def pytest_assertrepr_compare(config, op, left, right):
     return figures.assertrepr(left, right)
+
+
+def pytest_report_header(config):
+    """Every run names the CPU and the instruction set its kernels ran with (an emulated one included)."""
+    from labkit.costmodel.cpu import describe
+
+    return f"labkit: {describe()}"

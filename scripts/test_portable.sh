@@ -7,10 +7,15 @@
 #      each other by spinning, and one of them shares its core with the load: that makes a chapter
 #      8-12x slower (measured: a GPTQ run 8 s quiet, 67 s busy), so this run lets waiting threads
 #      sleep (OMP_WAIT_POLICY=PASSIVE: 18 s busy). The arithmetic, and so the outputs, do not change.
-# Both must pass. Usage: scripts/test_portable.sh [chapter.ipynb ...]   (default: every chapter)
+#   3. an AVX2 CPU (no AVX-512, VNNI, AMX or native bf16), emulated: ATen, MKL and oneDNN capped at AVX2;
+#   4. no SIMD in ATen's own kernels (`default`; MKL at SSE4.2, oneDNN at SSE4.1): for correctness only,
+#      some chapters run several times slower there.
+# All must pass. What the emulation cannot show: another vendor's MKL path, cache sizes, a CPU whose
+# integer or bf16 kernels are slower than this one's at the same instruction set (README). Usage: scripts/test_portable.sh [chapter.ipynb ...]   (default: every chapter)
 #                        PORTABLE_ROTATE=1 scripts/test_portable.sh      (one chapter, by commit count)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/isa_env.sh
 VENV=${VENV:-.venv}
 chapters=("$@")
 if [ ${#chapters[@]} -eq 0 ]; then
@@ -23,12 +28,20 @@ fi
 flags=(--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg -p no:cacheprovider -q ${PYTEST_ARGS:-})
 limit=${PORTABLE_BUSY_LIMIT_S:-3600}
 
-echo "portable 1/2: one thread (OMP_NUM_THREADS=1) on ${chapters[*]}"
+"$VENV/bin/python" -c "from labkit.costmodel.cpu import describe; print('portable: on', describe())"
+echo "portable 1/4: one thread (OMP_NUM_THREADS=1) on ${chapters[*]}"
 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$VENV/bin/pytest" "${flags[@]}" "${chapters[@]}"
 
-echo "portable 2/2: one core kept busy by a background process (at most ${limit} s) on ${chapters[*]}"
+echo "portable 2/4: one core kept busy by a background process (at most ${limit} s) on ${chapters[*]}"
 timeout "$limit" "$VENV/bin/python" -c "while True: pass" &
 busy=$!
 trap 'kill "$busy" 2>/dev/null || true; wait "$busy" 2>/dev/null || true' EXIT
 OMP_WAIT_POLICY=PASSIVE "$VENV/bin/pytest" "${flags[@]}" "${chapters[@]}"
-echo "portable: the chapters' stored outputs reproduce with one thread and with a busy CPU"
+kill "$busy" 2>/dev/null || true
+
+for isa in avx2 default; do
+    n=$([ "$isa" = avx2 ] && echo 3 || echo 4)
+    echo "portable $n/4: instruction set $isa emulated ($(isa_env "$isa")) on ${chapters[*]}"
+    env $(isa_env "$isa") "$VENV/bin/pytest" "${flags[@]}" "${chapters[@]}"
+done
+echo "portable: the chapters' stored outputs reproduce with one thread, a busy CPU, AVX2 and no SIMD"

@@ -29,3 +29,10 @@ def assert_checker_separates(name: str, right, wrong, capsys) -> None:
     assert "[PASS]" in capsys.readouterr().out
     assert not checker(wrong)
     assert "[FAIL]" in capsys.readouterr().out
+
+
+def pytest_report_header(config):
+    """Every run names the CPU and the instruction set its kernels ran with (an emulated one included)."""
+    from labkit.costmodel.cpu import describe
+
+    return f"labkit: {describe()}"

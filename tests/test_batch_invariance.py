@@ -94,10 +94,10 @@ def test_other_cache_kinds_that_attend_over_a_causal_prefix(kind):
         assert torch.equal(together, alone), f"{kind}, k={k}"
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
-def test_the_switch_leaves_one_token_steps_of_these_formats_as_they_were(fmt):
-    """Their products are row-invariant already and a prompt's pass is read as before, so speculative decoding
-    with the switch reproduces plain decoding without it: same prompt logits, same one-token steps."""
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_switch_leaves_one_token_steps_as_they_were(fmt):
+    """A one-token step is the same call with the switch or without, and a prompt's pass is read as before, so
+    speculative decoding with the switch reproduces plain decoding without it: same prompt logits, same steps."""
     model = build(fmt)
     for prompt in (6, 40):
         runs = []
@@ -113,16 +113,22 @@ def test_the_switch_leaves_one_token_steps_of_these_formats_as_they_were(fmt):
             assert torch.equal(invariant, model(ids, cache=model.new_cache(max_len=48)))
 
 
+def masked_attention_differs(dtype=torch.bfloat16) -> bool:
+    """Whether one masked attention call over 8 queries rounds unlike each query alone on this machine."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 4, 16, generator=g).to(dtype)
+    keys, values = (torch.randn(1, 2, 48, 16, generator=g).to(dtype) for _ in range(2))
+    alone = torch.cat([attention(q[:, i:i + 1], keys[:, :, :41 + i], values[:, :, :41 + i]) for i in range(8)])
+    return not torch.equal(attention(q, keys, values, causal_mask(8, 48)), alone)
+
+
 def avoided_paths_differ() -> bool:
     """Whether this torch gives one row alone other bits than the same row among others, on the paths the switch
-    avoids: a float32 row through `torch.mm` (the matrix-vector kernel), one masked attention call over 8 queries."""
+    avoids: a float32 row through `torch.mm`, one masked attention call over 8 queries."""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(8, 64, generator=g), torch.randn(64, 192, generator=g)
     mm = any(not torch.equal(torch.mm(x[:1], w), torch.mm(x[:m], w)[:1]) for m in range(2, 9))
-    q = torch.randn(1, 8, 4, 16, generator=g).to(torch.bfloat16)
-    keys, values = (torch.randn(1, 2, 48, 16, generator=g).to(torch.bfloat16) for _ in range(2))
-    alone = torch.cat([attention(q[:, i:i + 1], keys[:, :, :41 + i], values[:, :, :41 + i]) for i in range(8)])
-    return mm or not torch.equal(attention(q, keys, values, causal_mask(8, 48)), alone)
+    return mm or masked_attention_differs()
 
 
 def test_without_the_switch_the_passes_differ():
@@ -145,6 +151,48 @@ def test_rows_mm_rows_do_not_depend_on_the_row_count():
         alone = torch.cat([kernels.rows_mm(xs[i:i + 1], wt) for i in range(16)])
         assert all(torch.equal(kernels.rows_mm(xs[:m], wt), alone[:m]) for m in range(2, 17)), (w.dtype, w.stride())
         torch.testing.assert_close(alone, xs @ wt)
+
+
+def test_rows_mm_agrees_with_the_lean_one_token_call():
+    """A row of `rows_mm` has the bits of `torch.mm` on that row alone: the call a one-token step makes."""
+    g = torch.Generator().manual_seed(3)
+    x, wt = torch.randn(7, 96, generator=g), torch.randn(96, 40, generator=g)
+    y = kernels.rows_mm(x, wt)
+    assert all(torch.equal(y[i:i + 1], torch.mm(x[i:i + 1].clone(), wt)) for i in range(7))
+
+
+def reorders(a: torch.Tensor, w: torch.Tensor = torch.randn(48, 80, generator=torch.Generator().manual_seed(4))):
+    """A product that, like a kernel re-blocking by the row count, adds in another order for several rows."""
+    if a.shape[0] == 1:
+        return a @ w
+    return (a[:, :24] @ w[:24] + a[:, 24:] @ w[24:])
+
+
+def test_a_product_whose_rows_depend_on_the_row_count_is_called_once_per_row():
+    from labkit.quant import rows
+
+    x = torch.randn(9, 48, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([reorders(x[i:i + 1]) for i in range(9)])
+    assert not rows.rows_agree(reorders, 48, torch.float32)  # the check sees it
+    with rows.force_plan("batched"):  # the control: one call for the pass, as a library would be trusted
+        assert not torch.equal(rows.row_invariant(reorders, x, ("reorders",)), alone)
+    assert torch.equal(rows.row_invariant(reorders, x, ("reorders",)), alone)  # checked, then one call per row
+    key = next(k for k in rows.plan_cache() if k[0] == ("reorders",))
+    assert rows.plan_cache()[key] is False and key[-1] == torch.get_num_threads()
+    with pytest.raises(ValueError, match="plan must be None, 'batched' or 'rows'"):
+        rows.force_plan("sometimes")
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int4", "Q4_1"])
+def test_one_call_per_row_is_exact_whatever_the_kernels(fmt):
+    """The fallback alone (every product one call per row, as on a CPU whose kernels all re-block) is exact too."""
+    from labkit.quant import rows
+
+    model = build(fmt)
+    model.batch_invariant = True
+    with rows.force_plan("rows"):
+        for k, together, alone in passes(model, 40, (3, 6)):
+            assert torch.equal(together, alone), (fmt, k)
 
 
 def test_rms_norm_rows_do_not_depend_on_the_row_count():

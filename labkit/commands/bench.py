@@ -35,7 +35,11 @@ def run(args) -> int:
     unknown = [n for n in selected if n not in benches]
     if unknown:
         raise SystemExit(f"labkit bench: unknown benchmark(s) {unknown}; known: {sorted(benches)}")
-    report = {"machine": platform.platform(), "python": platform.python_version(), "results": {}}
+    from labkit.costmodel.cpu import cpu_info, describe
+
+    cpu = cpu_info()
+    print(f"labkit bench on {describe(cpu)}", flush=True)
+    report = {"machine": platform.platform(), "cpu": cpu, "python": platform.python_version(), "results": {}}
     for name in selected:
         mod = benches[name]
         print(f"== {name}: {mod.TITLE}", flush=True)

@@ -11,31 +11,23 @@ plain decoding runs k one-token steps, and "lossless" means its greedy output is
 greedy output whatever γ. That holds only if each row of a k-token pass gets the bits it
 gets alone: floating-point addition is not associative, so a kernel that picks its
 blocking by the number of rows rounds the same row differently, the logits move in their
-last bits, and where two tokens nearly tie the argmax flips. Measured on this torch (MKL
-and oneDNN on x86, 1 and 2 threads, SmolLM2's shapes and small ones):
+last bits, and where two tokens nearly tie the argmax flips. Which kernels do so depends on
+the CPU, its instruction set and the thread count (`labkit.quant.rows` lists what was seen),
+so the model's switch, `Transformer.batch_invariant` (off by default; `batch_invariant(model)`
+turns it on for a block), does not rely on any of them, for passes of up to
+`INVARIANT_MAX_ROWS` tokens:
 
-  * float32 products: one row takes a matrix-vector kernel, rounded unlike the same row
-    among 2 to 16 rows (which agree with each other for a column-major weight as x @ Wᵀ and
-    a row-major one as (W @ xᵀ)ᵀ; x @ Wᵀ on a row-major weight re-blocks from 3 to 6 rows on).
-  * bfloat16 products and the packed int8/int4 kernels: the same bits at every row count.
-  * attention over a cache (`scaled_dot_product_attention`): one masked call over T queries
-    rounds unlike each query alone (the kernel splits its work by query and key counts).
-  * RMSNorm: the old one-token form (`torch.dot`) rounded unlike the row reduction.
-
-RMSNorm is fixed for good: one form for every row count, at no cost to speak of. The rest
-is the model's switch, `Transformer.batch_invariant` (off by default; `batch_invariant(model)`
-turns it on for a block), for passes of up to `INVARIANT_MAX_ROWS` tokens:
-
-  * `rows_mm`: a one-row float32 product runs as two identical rows. A float32 SmolLM2
-    decode step then takes ~40 % longer (the two-row kernel streams the weights slower than
-    the matrix-vector one, the tied LM head most); other dtypes are left as they are.
+  * products (`rows_mm` here, the quantized layers alike) go through
+    `labkit.quant.rows.row_invariant`: one call where this process has checked that the
+    kernel gives every row its one-row bits at this shape, dtype and thread count, else one
+    call per row, the call a one-token step makes;
   * `attend_rows`: each query of a multi-token pass attends alone, the very call a one-token
-    step makes: T calls instead of one, 2-3 ms on a 5-token SmolLM2 pass (+3 to +8 %).
+    step makes: T calls instead of one, 2-3 ms on a 5-token SmolLM2 pass.
+  * RMSNorm has one form for every row count (a row's sum of squares is one reduction of its
+    own, whatever the rows beside it), switch or not.
 
-So for bfloat16, int8 and int4 the switch changes only the passes that follow a prompt with
-2 to 16 tokens, and speculative decoding with it reproduces plain decoding without it. In
-float32 it reproduces plain decoding run with the switch too (without, k-token passes drift
-~5e-5 from k steps in SmolLM2's logits).
+A one-token step is the same call with the switch or without, so speculative decoding with
+the switch reproduces plain decoding without it, in every format.
 
     >>> layer = Linear(8, 4)
     >>> with torch.inference_mode():
@@ -52,12 +44,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from labkit.kvcache.base import KVCache, attention, causal_mask
+from labkit.quant.rows import INVARIANT_MAX_ROWS, row_invariant
 
 __all__ = ["Linear", "RMSNorm", "linear", "transposed", "rows_mm", "attend_rows", "batch_invariant",
            "SPLIT_MAX_TOKENS", "INVARIANT_MAX_ROWS"]
 
 SPLIT_MAX_TOKENS = 16  # up to this many tokens per product take the split (measured: beyond, F.linear is as fast)
-INVARIANT_MAX_ROWS = 16  # float32 products of 2..16 rows give each row the same bits here (MKL re-blocks beyond)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, split: bool = False) -> torch.Tensor:
@@ -84,20 +76,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, split: bool = False) -> torch.
 
 
 def rows_mm(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
-    """x [N, in] @ wt [in, out] with each row's bits independent of N (for N up to `INVARIANT_MAX_ROWS`).
+    """x [N, in] @ wt [in, out] with each row's bits those of the row alone (for N up to `INVARIANT_MAX_ROWS`).
 
-    Other dtypes are left to `torch.mm` (invariant as it is, measured). In float32 a row alone
-    runs as two copies of itself (a stride-0 view) and keeps the first, so it takes the kernel
-    a multi-row pass takes instead of the matrix-vector one. And the weight's layout picks the
-    orientation: a column-major weight (Wᵀ contiguous) as x @ Wᵀ, a row-major one as (W @ xᵀ)ᵀ,
-    since x @ Wᵀ on a row-major W re-blocks by row count from 3 to 6 rows on (measured).
+    `torch.mm(x, wt)`, the lean step's own call, through `labkit.quant.rows.row_invariant`: one call
+    where this kernel at this shape and layout is checked row-invariant here, one call per row otherwise.
     """
-    if x.dtype != torch.float32:
-        return torch.mm(x, wt)
-    rows = x.shape[0]
-    a = x.expand(2, -1) if rows == 1 else x
-    y = torch.mm(a, wt) if wt.stride(1) == 1 else torch.mm(wt.t(), a.t()).t().contiguous()
-    return y[:1] if rows == 1 else y
+    return row_invariant(lambda a: torch.mm(a, wt), x, ("mm", tuple(wt.shape), wt.stride(), wt.dtype))
 
 
 def transposed(weight: torch.Tensor, kept: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +97,7 @@ class Linear(nn.Linear):
     `F.linear` costs nine operator calls (linear, t, transpose, as_strided, matmul, mm, ...),
     `torch.mm(x, Wᵀ)` four; the transposed view is made once and reused while the weight is
     the same Parameter. Training (gradients on) takes `F.linear`. `invariant` (see the module
-    docstring) takes `rows_mm` before the split and the plain call.
+    docstring) takes `rows_mm`, the lean call made row-invariant, before the split and the plain call.
     """
 
     def __init__(self, in_features: int, out_features: int):

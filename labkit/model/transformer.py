@@ -39,6 +39,7 @@ from labkit.kvcache.base import attention, forward_pass, new_cache as _new_cache
 from labkit.model.config import ModelConfig
 from labkit.model.kernels import Linear, RMSNorm, attend_rows, linear, rows_mm, transposed
 from labkit.model.rope import Rotary
+from labkit.quant.rows import as_usual
 
 __all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer", "attention_probs"]
 
@@ -223,12 +224,13 @@ class Transformer(nn.Module):
                                  f"of {self.config.max_seq_len} tokens")
             rope = self.rope
             x = self.embed(ids.reshape(-1))  # [B·T, d_model]
-            for block in self.layers if n_layers is None else self.layers[:n_layers]:
-                x = block(x, rope, positions, cache, B)
-            if last_only and T > 1:  # a packed batch keeps each of its rows' last token
-                x = x.index_select(0, cache.last_index) if cache is not None and cache.packed else x.view(B, T, -1)[:, -1]
-            h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
-            logits = self.head(h)  # [B·T', V]
+            with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T)):  # a prompt: as read
+                for block in self.layers if n_layers is None else self.layers[:n_layers]:
+                    x = block(x, rope, positions, cache, B)
+                if last_only and T > 1:  # a packed batch keeps each of its rows' last token
+                    x = x.index_select(0, cache.last_index) if cache is not None and cache.packed else x.view(B, T, -1)[:, -1]
+                h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
+                logits = self.head(h)  # [B·T', V]
             return logits.view(B, -1, logits.shape[-1])  # [B, T, V]
 
     @property

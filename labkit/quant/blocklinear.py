@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from labkit.quant import ggml, intdot, mx
-from labkit.quant.linear import invariant_float_mm
+from labkit.quant.linear import float_product
 
 __all__ = ["BlockLinear", "BLOCK_FORMATS", "INT_ACT_FORMATS", "ACTIVATIONS", "check_options"]
 
@@ -70,7 +70,7 @@ class BlockLinear(nn.Module):
             self._nbytes = int(t.nbytes())
             dense = t.dequantize()
         self.register_buffer("dense", dense if activations == "float" else None)
-        self.invariant = False  # float activations: rows independent of the row count (`invariant_float_mm`)
+        self.invariant = False  # float activations: each row with its one-row bits (`float_product`)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -87,7 +87,7 @@ class BlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self.activations == "float":
-            y = invariant_float_mm(x2, self.dense) if self.invariant else x2.float() @ self.dense.t()
+            y = float_product(x2, self.dense, self.invariant)
         else:
             q4 = self.m is not None
             qa, da, sa = intdot.quantize_activations(x2, with_sum=q4)

@@ -16,11 +16,11 @@ int8, against 6 ms dequantizing and multiplying in float32). So a float32-activa
 uses the kernel for one token and the dequantized float product for more: prefill and
 calibration stay fast, and both paths give the float32 numbers, though not the same bits.
 
-`invariant` (set by `Transformer.batch_invariant`) makes each row's bits independent of how
-many rows share the product, so a k-token verification pass equals k one-token steps: the
-packed kernels already are (measured at 1 to 16 rows, bfloat16 and float32 activations), so
-float32-activation passes of up to `INVARIANT_KERNEL_ROWS` rows stay on the kernel, and the
-dequantized float32 product (`reference`) runs as `labkit.model.kernels.rows_mm` does.
+`invariant` (set by `Transformer.batch_invariant`) gives each row of a pass of up to 16 rows
+the bits a one-row call gives it, through `labkit.quant.rows.row_invariant`: the call a
+one-token step makes (the packed kernel for either activation dtype, or the dequantized float32
+product for `reference`), once for the pass where this process checked that it is row-invariant
+at this shape, else once per row. Longer passes (a prompt) take the usual path.
 
     >>> layer = QuantLinear.from_float(torch.randn(64, 128), bits=8)
     >>> layer(torch.randn(1, 3, 128)).shape
@@ -31,25 +31,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from labkit.quant.rows import INVARIANT_MAX_ROWS, invariant_now, row_invariant
 from labkit.quant.rtn import QuantizedTensor, _check_bits, dequantize, quantize
 
-__all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES", "layout", "packed_layout_problem", "invariant_float_mm",
-           "INVARIANT_KERNEL_ROWS"]
+__all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES", "layout", "packed_layout_problem", "float_product"]
 
 ACT_DTYPES = (torch.float32, torch.bfloat16)
-INVARIANT_KERNEL_ROWS = 16  # with `invariant`, float32-activation passes up to this many rows take the kernel
 
 
-def invariant_float_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [N, in] @ w [out, in]ᵀ in float32, each row's bits independent of N (up to 16 rows, measured).
-
-    What `labkit.model.kernels.rows_mm` does for a row-major weight: one row runs as two copies of
-    itself (the multi-row kernel, not the matrix-vector one) and the weight goes on the left,
-    (W @ xᵀ)ᵀ, since x @ Wᵀ on a row-major W changes its blocking with the row count.
-    """
-    rows = x.shape[0]
-    a = x.float().expand(2, -1) if rows == 1 else x.float()
-    return torch.mm(w, a.t()).t()[:rows].contiguous()
+def float_product(x: torch.Tensor, w: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+    """x [N, in] @ w [out, in]ᵀ in float32; `invariant`: each row with the bits it gets alone (`row_invariant`)."""
+    if not invariant:
+        return x.float() @ w.t()
+    return row_invariant(lambda a: a.float() @ w.t(), x, ("float-mm", tuple(w.shape), w.stride()))
 
 
 def has_kernel(bits: int) -> bool:
@@ -135,18 +129,24 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # [N, in]
-        rows = x2.shape[0]
-        if self.reference or (self.act_dtype == torch.float32 and rows > (INVARIANT_KERNEL_ROWS if self.invariant else 1)):
+        rows, invariant = x2.shape[0], invariant_now(self.invariant)
+        if self.reference or (self.act_dtype == torch.float32 and rows > (INVARIANT_MAX_ROWS if invariant else 1)):
             w = dequantize(self.qt)
-            y = invariant_float_mm(x2, w) if self.invariant else x2.float() @ w.t()
+            y = float_product(x2, w, invariant)
+        elif invariant:
+            y = row_invariant(self._kernel, x2, ("int-pack", self.bits, self.group_size, self.act_dtype,
+                                                   self.out_features, self.in_features))
         else:
-            a = x2 if x2.dtype == self.act_dtype else x2.to(self.act_dtype)
-            if self.bits == 8:
-                y = torch._weight_int8pack_mm(a.contiguous(), self.codes, self.scales)
-            else:
-                y = torch.ops.aten._weight_int4pack_mm_for_cpu(a.contiguous(), self.codes, self.group_size, self.scales)
+            y = self._kernel(x2)
         y = y if y.dtype == x.dtype else y.to(x.dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+
+    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        """The packed kernel on activations [N, in] in the layer's activation dtype."""
+        a = x2 if x2.dtype == self.act_dtype else x2.to(self.act_dtype)
+        if self.bits == 8:
+            return torch._weight_int8pack_mm(a.contiguous(), self.codes, self.scales)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(a.contiguous(), self.codes, self.group_size, self.scales)
 
     def extra_repr(self) -> str:
         kind = "reference" if self.reference else "packed kernel"
