@@ -123,6 +123,26 @@ def machine_lines(seconds: float = 1.0) -> list[str]:
         lines.append(f"[INFO] memory bandwidth (copy test, {seconds:.0f} s): {bw:.1f} GB/s")
     except ImportError:
         lines.append("[INFO] memory bandwidth: not measured (torch is missing)")
+        return lines
+    lines += kernel_lines()
+    return lines
+
+
+def kernel_lines() -> list[str]:
+    """The CPU's instruction sets and, per weight format, whether the default kernels are row-invariant here."""
+    from labkit.costmodel.cpu import describe
+    from labkit.model.invariance import default_kernels_report
+
+    lines = [f"[INFO] CPU: {describe()}",
+             "[INFO] row-invariant default kernels (a row's bits alone = among 2..16 rows; "
+             "Transformer.batch_invariant makes them so either way):"]
+    for r in default_kernels_report():
+        if not r["available"]:
+            lines.append(f"         {r['format']:16s} no kernel in this torch build")
+            continue
+        verdict = "yes" if r["invariant"] else "NO "
+        lines.append(f"         {r['format']:16s} {verdict}  (products {'yes' if r['products'] else 'no'}, attention "
+                     f"{'yes' if r['attention'] else 'no'}; the mode: {r['mode']})")
     return lines
 
 

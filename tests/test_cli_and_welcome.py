@@ -24,6 +24,25 @@ def test_bench_machine_writes_json(tmp_path):
     report = json.loads(out.read_text())
     machine = report["results"]["machine"]
     assert machine["read_gb_s"] > 0 and machine["copy_gb_s"] > 0 and machine["matmul_flops"] > 0
+    from labkit.costmodel.cpu import FLAGS, differences
+
+    cpu = report["cpu"]  # where the figures were measured: CPU, instruction sets, libraries, threads
+    assert set(cpu["flags"]) == set(FLAGS) and cpu["aten_capability"] and cpu["torch"] and cpu["threads"] >= 1
+    assert differences(cpu) == [] and "labkit bench on" in run.stdout
+
+
+def test_bench_under_an_emulated_isa_says_so(tmp_path):
+    from labkit.costmodel.cpu import ISA_EMULATION, cpu_info, differences
+
+    out = tmp_path / "bench.json"
+    env = {**python_env(), **ISA_EMULATION["avx2"]}
+    run = subprocess.run([sys.executable, "-m", "labkit", "bench", "--quick", "--only", "machine", "--json", str(out)],
+                         capture_output=True, text=True, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    cpu = json.loads(out.read_text())["cpu"]
+    assert cpu["aten_capability"] == "AVX2" and cpu["emulated_isa"] == "avx2" and "emulated: avx2" in run.stdout
+    if cpu_info()["aten_capability"] != "AVX2":  # on a bigger CPU the stored figure is flagged as another machine's
+        assert any("ATen capability" in d for d in differences(cpu))
 
 
 def test_bench_rejects_unknown_names():

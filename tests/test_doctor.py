@@ -74,3 +74,19 @@ def test_data_checksums_detect_change_missing_and_unlisted(tmp_path):
 def test_committed_data_matches_its_checksums():
     results = datafiles.check()
     assert results and all(ok for _, ok, _ in results), [r for r in results if not r[1]]
+
+
+def test_doctor_reports_per_format_whether_the_default_kernels_are_row_invariant():
+    """The self-check behind `labkit doctor`: a verdict per format, derived from the products and the attention."""
+    from labkit.model.invariance import FORMATS, attention_rows_agree, default_kernels_report
+
+    rows = default_kernels_report(FORMATS[:3])
+    assert [r["format"] for r in rows] == list(FORMATS[:3])
+    for r in rows:
+        assert r["invariant"] == (r["products"] and r["attention"])
+        assert r["mode"].startswith("one call per row" if not r["products"] else "one call per pass")
+    import torch
+
+    assert rows[1]["attention"] == attention_rows_agree(torch.bfloat16)
+    lines = doctor.kernel_lines()
+    assert lines[0].startswith("[INFO] CPU: ") and any("float32" in line for line in lines)

@@ -47,7 +47,7 @@ def test_block_sums_are_exact_both_ways():
     ref = intdot.block_sums(qa_, qw)
     assert ref.dtype == torch.int32 and torch.equal(ref.double(), exact)
     assert int(ref[0, 0, 0]) == -32 * 127 * 127
-    if intdot.has_int_mm():
+    if intdot.has_int_mm() and intdot.int_mm_exact():  # where it is not, no layer takes it (tested below)
         assert torch.equal(intdot.int_mm_block_sums(qa_, qw.t()), ref)
 
 
@@ -65,8 +65,9 @@ def test_integer_product_equals_a_float_computation_of_the_same_codes(fmt):
     y = ref(x)
     assert torch.allclose(y.double(), y64, rtol=1e-5, atol=1e-4 * float(y64.abs().max()))
     assert ref.weight.equal(torch.from_numpy(ggml.dequantize(ggml.quantize(w.numpy(), fmt), fmt, tuple(w.shape))))
-    if intdot.has_int_mm():
+    if intdot.has_int_mm() and intdot.int_mm_exact():
         assert torch.equal(BlockLinear(w, fmt, "int8", "int_mm")(x), y)  # identical int32 sums, identical floats
+    assert torch.equal(BlockLinear(w, fmt, "int8")(x), y)  # "auto": int_mm where exact, else the reference
     # activations quantized cost a little: the result stays close to the float-activation product
     flo = BlockLinear(w, fmt)(x)
     assert float((y - flo).abs().max()) < 0.05 * float(flo.abs().max())
@@ -189,5 +190,25 @@ def test_the_per_product_bench_times_every_kernel_on_one_matrix():
     model = tiny(d_model=64, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=128)
     got = products(model, rounds=1)
     w = model.layers[0].mlp.w_gate_up.weight
-    assert got["float32 mm"]["bytes"] == w.numel() * 4 and got["Q8_0 W8A8, int_mm"]["bytes"] == w.numel() * 34 // 32
+    assert got["float32 mm"]["bytes"] == w.numel() * 4 and got["Q8_0 W8A8, reference sums"]["bytes"] == w.numel() * 34 // 32
+    assert ("Q8_0 W8A8, int_mm" in got) == intdot.int_mm_exact()  # no row for an int_mm that is inexact here
     assert got["Q8_1 activations alone"]["gb_s"] is None and all(r["us"] > 0 for r in got.values())
+
+
+def test_int_mm_is_checked_before_it_is_trusted(monkeypatch):
+    """A `torch._int_mm` that saturates (as oneDNN's int8 path without VNNI does, pairs summed in int16) is caught
+    by the check; then "auto" takes the reference sums and an explicit "int_mm" is refused, naming why."""
+    def saturating(a, b):  # vpmaddubsw: (a + 128) as u8 times b as s8, pairs into int16, then the shift taken off
+        u = a.to(torch.int32) + 128
+        pairs = (u.unsqueeze(-1) * b.to(torch.int32).unsqueeze(0))  # [M, K, N]
+        pairs = pairs.view(a.shape[0], -1, 2, b.shape[1]).sum(2).clamp(-32768, 32767)
+        return pairs.sum(1) - 128 * b.to(torch.int32).sum(0)
+
+    exact = lambda a, b: a.to(torch.int32) @ b.to(torch.int32)  # noqa: E731
+    assert intdot.int_mm_exact(exact) and not intdot.int_mm_exact(saturating)
+    monkeypatch.setattr(intdot, "int_mm_exact", lambda mm=None: False)
+    assert intdot.resolve_sums("auto") == "reference" and intdot.resolve_sums("int_mm") == "int_mm"
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(2))
+    assert BlockLinear(w, "Q8_0", "int8").sums == "reference"
+    with pytest.raises(ValueError, match="torch._int_mm gives inexact sums on this CPU"):
+        BlockLinear(w, "Q8_0", "int8", "int_mm")

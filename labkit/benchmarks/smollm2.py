@@ -21,19 +21,18 @@ PROMPT = "What is the capital of France? Answer in one sentence."
 
 
 def native_bf16() -> tuple[bool, str]:
-    """(has native bfloat16 matmul, why): AVX512-BF16 or AMX on x86, or what oneDNN reports."""
+    """(has native bfloat16 matmul, why): AVX512-BF16 or AMX on x86 unless the kernels are capped below them
+    (`labkit.costmodel.cpu.ISA_EMULATION`), or what oneDNN reports."""
     import torch
 
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    found = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    from labkit.costmodel.cpu import emulated_isa
+    from labkit.costmodel.measure import cpu_flags
+
+    capped = emulated_isa()
+    if capped:
+        return False, f"the kernels are capped at {capped} (emulated): bfloat16 is converted, as on a CPU without AVX512-BF16"
+    flags = cpu_flags(("avx512_bf16", "amx_bf16"))
+    found = sorted(f for f, on in flags.items() if on)
     if found:
         return True, "CPU flags " + ", ".join(found)
     try:

@@ -7,7 +7,9 @@ GGUF file's own Q4_1 blocks:
   time split into weight products, other operators and what lies between them (Python and
   dispatch), as `labkit.generation.profile.step_profile` measures it; float32 also with the
   plain calls (`model.lean_step = False`: `F.linear`, `F.rms_norm`), the same numbers;
-- T(k) / T(1): one pass over k new tokens against one decode step, k = 1..8, interleaved;
+- T(k) / T(1): one pass over k new tokens against one decode step, k = 1..8, interleaved, and
+  what the batch-invariant mode costs a k-token pass (with the switch / without it), next to
+  which of this CPU's default kernels are row-invariant (`labkit.model.invariance`);
 - decode tokens/s and the GB/s they stream (weights + KV cache per token), interleaved
   rounds, with llama.cpp on the same GGUF file when the `peers` extra is installed and the
   streaming-read roofline sampled in every round (float32's share of it);
@@ -80,6 +82,28 @@ def _compile_step(model, ids: list[int], n: int = 8) -> dict:
     return {"compile_s": compile_s, **{f"{k}_ms": 1e3 * statistics.median(v) for k, v in times.items()}}
 
 
+class _Invariant:
+    """A model seen through its batch-invariant switch: every call and step runs with it on."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        from labkit.model.kernels import batch_invariant
+
+        with batch_invariant(self.model):
+            return self.model(*args, **kwargs)
+
+    def step(self, *args, **kwargs):
+        from labkit.model.kernels import batch_invariant
+
+        with batch_invariant(self.model):
+            return self.model.step(*args, **kwargs)
+
+
 def run(quick: bool = False) -> dict:
     import torch
 
@@ -87,6 +111,7 @@ def run(quick: bool = False) -> dict:
     from labkit.benchmarks._peers import llama_cpp_decode_isolated
     from labkit.costmodel import measure
     from labkit.generation.profile import decode_rates, pass_costs, step_profile
+    from labkit.model.invariance import default_kernels_report
 
     _, tok = labkit.load("smollm2-135m")
     ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
@@ -123,6 +148,13 @@ def run(quick: bool = False) -> dict:
         report["formats"][name]["pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
         report["formats"][name]["t_ratio"] = {k: per_k[k] / per_k[1] for k in KS}
         print(f"  {name:12s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]))
+    report["cpu_kernels"] = default_kernels_report()
+    switched = pass_costs({name: _Invariant(m) for name, m in models.items()}, ids, KS, rounds=max(1, rounds // 2))
+    print("  the batch-invariant mode (Transformer.batch_invariant): a k-token pass with it / without it:")
+    for name, per_k in switched.items():
+        report["formats"][name]["invariant_pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
+        report["formats"][name]["invariant_cost"] = {k: per_k[k] / costs[name][k] for k in KS}
+        print(f"  {name:12s}" + "".join(f"{per_k[k] / costs[name][k]:7.2f}" for k in KS[1:]))
     roof, seconds, peer, why = [], {name: [] for name in models}, [], None
     for _ in range(rounds):  # labkit's formats and llama.cpp (in a child process) in turn, a roofline sample each round
         roof.append(measure.read_bandwidth_gb_s(seconds=0.3))

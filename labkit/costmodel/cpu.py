@@ -22,7 +22,7 @@ import os
 import platform
 import re
 
-__all__ = ["cpu_info", "describe", "differences", "provenance", "FLAGS", "ISA_EMULATION", "emulated_isa"]
+__all__ = ["read_cpuinfo", "cpu_info", "describe", "differences", "provenance", "FLAGS", "ISA_EMULATION", "emulated_isa"]
 
 # what the lab reports, by name: the /proc/cpuinfo flags that stand for it (any one of them)
 FLAGS = {
@@ -39,7 +39,8 @@ ISA_EMULATION = {
 }
 
 
-def _cpuinfo() -> tuple[str, set]:
+def read_cpuinfo() -> tuple[str, set]:
+    """(model name, set of flags) from /proc/cpuinfo; (platform name, empty set) where it cannot be read."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -63,7 +64,7 @@ def cpu_info() -> dict:
     """This machine as the lab's stored figures record it (JSON-ready)."""
     import torch
 
-    model, flags = _cpuinfo()
+    model, flags = read_cpuinfo()
     mkl = None
     if torch.backends.mkl.is_available():
         m = re.search(r"Math Kernel Library Version ([\d.]+)", torch.__config__.show())

@@ -91,13 +91,12 @@ def cpu_flags(names=("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"
     """Which of these instruction-set flags the CPU reports (Linux `/proc/cpuinfo`); {} where it cannot be read.
 
     avx512_bf16 / amx_bf16: native bfloat16 dot products; avx512_vnni / avx_vnni / amx_int8: int8 dot products.
+    What the CPU has, not what a process may use: `labkit.costmodel.cpu.emulated_isa` says when the
+    environment caps the kernels below it.
     """
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        return {}
-    have = set(line.split(":", 1)[-1].split())
+    from labkit.costmodel.cpu import read_cpuinfo
+
+    have = read_cpuinfo()[1]
     return {n: n in have for n in names} if have else {}
 
 

@@ -224,7 +224,7 @@ class Transformer(nn.Module):
                                  f"of {self.config.max_seq_len} tokens")
             rope = self.rope
             x = self.embed(ids.reshape(-1))  # [B·T, d_model]
-            with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T)):  # a prompt: as read
+            with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T)):  # a prompt, as read
                 for block in self.layers if n_layers is None else self.layers[:n_layers]:
                     x = block(x, rope, positions, cache, B)
                 if last_only and T > 1:  # a packed batch keeps each of its rows' last token
@@ -279,8 +279,7 @@ class Transformer(nn.Module):
 
     @property
     def batch_invariant(self) -> bool:
-        """Whether each row of a pass gets the bits it would get alone (off; `labkit.model.kernels` says why and
-        what it costs). Set it after quantizing: it reaches every module with an `invariant` switch."""
+        """Whether each row of a pass gets the bits it gets alone (off; see `labkit.model.kernels`). Set it after quantizing."""
         return self._invariant
 
     @batch_invariant.setter

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from labkit.quant import intdot
 from labkit.quant.blocklinear import BlockLinear, check_options
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
 from labkit.quant.linear import QuantLinear, layout, packed_layout_problem
@@ -62,7 +63,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
                    calib=None, include_head: bool = True, act_dtype: torch.dtype = torch.bfloat16,
                    reference: bool = False, inplace: bool = False, damp: float = 0.01, act_order: bool = False,
                    progress: bool = False, fmt: str | None = None, activations: str = "float",
-                   sums: str = "int_mm") -> nn.Module:
+                   sums: str = "auto") -> nn.Module:
     """A copy of `model` (or `model` itself with `inplace`) whose linear layers hold `bits`-bit codes.
 
     `method`: "rtn" (no data), "gptq" or "awq" (both need `calib`, token ids [batch, tokens]).
@@ -76,7 +77,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
 
     `fmt` (one of `BLOCK_FORMATS`) stores every matrix in that block format by round to nearest
     instead (bits and group_size come with the format); `activations="int8"` with fmt Q8_0 or
-    Q4_1 multiplies integer codes, `sums` "int_mm" or "reference" (`labkit.quant.intdot`).
+    Q4_1 multiplies integer codes, `sums` "auto" (`torch._int_mm` where it is exact here), "int_mm" or "reference" (`labkit.quant.intdot`).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch module (labkit.load(...)[0]), got {type(model).__name__} {model!r:.40}")
@@ -142,7 +143,7 @@ def _quantize_blocks(model, method, bits, group_size, calib, include_head, inpla
     out.requires_grad_(False)
     _replace_linears(out, lambda w: BlockLinear(w, fmt, activations, sums), include_head)
     out.quantization = {"method": "rtn", "fmt": fmt, "activations": activations, "head": include_head,
-                        "kernel": "reference" if activations == "float" else sums}
+                        "kernel": "reference" if activations == "float" else intdot.resolve_sums(sums)}
     return out
 
 

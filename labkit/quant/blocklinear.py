@@ -5,7 +5,8 @@ MXFP8 and NVFP4.
                          numbers at float speed (the reference path, for measuring quality)
     activations="int8"   (Q8_0 and Q4_1 weights) each input row is quantized to Q8_0 / Q8_1 per
                          block of 32 and the layer multiplies integers (`labkit.quant.intdot`),
-                         as llama.cpp does; `sums` picks the plain-torch reference or `torch._int_mm`
+                         as llama.cpp does; `sums` picks the plain-torch reference, `torch._int_mm`,
+                         or "auto" (the default: `torch._int_mm` where it is exact on this CPU)
 
 `nbytes()` is what the format stores (codes and scales), whatever path computes the product.
 
@@ -41,12 +42,15 @@ def check_options(fmt, activations, sums) -> None:
         raise ValueError(f"sums must be one of {intdot.ACT_SUMS}, got {sums!r}")
     if sums == "int_mm" and activations == "int8" and not intdot.has_int_mm():
         raise ValueError("sums='int_mm' needs torch._int_mm on the CPU, which this torch lacks; use sums='reference'")
+    if sums == "int_mm" and activations == "int8" and not intdot.int_mm_exact():
+        raise ValueError("sums='int_mm': torch._int_mm gives inexact sums on this CPU (its int8 kernel saturates "
+                         "without VNNI, see labkit.quant.intdot.int_mm_exact); use sums='reference' or 'auto'")
 
 
 class BlockLinear(nn.Module):
     """y = x Wᵀ with W [out, in] in `fmt`; see the module docstring for `activations` and `sums`."""
 
-    def __init__(self, weight: torch.Tensor, fmt: str, activations: str = "float", sums: str = "int_mm"):
+    def __init__(self, weight: torch.Tensor, fmt: str, activations: str = "float", sums: str = "auto"):
         super().__init__()
         check_options(fmt, activations, sums)
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 2:
@@ -54,7 +58,7 @@ class BlockLinear(nn.Module):
                             f"{tuple(getattr(weight, 'shape', ()))}")
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
-        self.fmt, self.activations, self.sums = fmt, activations, sums
+        self.fmt, self.activations, self.sums = fmt, activations, intdot.resolve_sums(sums)
         if fmt in INT_ACT_FORMATS:
             data = ggml.quantize(w.numpy(), fmt)
             codes, d, m = ggml.block_parts(data, fmt, tuple(w.shape))

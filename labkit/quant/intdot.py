@@ -27,10 +27,11 @@ from __future__ import annotations
 import torch
 
 __all__ = ["BLOCK", "quantize_activations", "block_sums", "int_mm_block_sums", "combine", "has_int_mm",
-           "ACT_SUMS"]
+           "ACT_SUMS", "int_mm_exact", "resolve_sums"]
 
 BLOCK = 32
-ACT_SUMS = ("reference", "int_mm")
+ACT_SUMS = ("auto", "reference", "int_mm")  # auto: int_mm where it is exact on this machine, else the reference
+_EXACT: dict = {}  # (ATen capability, oneDNN cap) -> whether torch._int_mm gave exact sums here
 
 
 def has_int_mm() -> bool:
@@ -42,6 +43,38 @@ def has_int_mm() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def int_mm_exact(mm=None) -> bool:
+    """Whether `torch._int_mm` gives exact int32 sums on this machine (checked once, on extreme and random codes).
+
+    It should: int8 × int8 products summed in int32 cannot overflow for K ≤ 2^17. But a CPU without
+    int8 dot-product instructions (VNNI) has oneDNN multiply pairs with `vpmaddubsw`, which adds two
+    u8 × s8 products into a *saturating* int16: seen with the kernels capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2),
+    where sums came out wrong by thousands. `mm` replaces `torch._int_mm` (for tests).
+    """
+    import os
+
+    key = (torch.backends.cpu.get_cpu_capability(), os.environ.get("ONEDNN_MAX_CPU_ISA"), mm)
+    if key not in _EXACT:
+        if mm is None and not has_int_mm():
+            _EXACT[key] = False
+            return False
+        g = torch.Generator().manual_seed(0)
+        a = torch.randint(-127, 128, (4, 256), generator=g, dtype=torch.int8)
+        a[0], a[1, ::2], a[1, 1::2] = -127, 127, -127  # the codes that saturate a pairwise int16 sum
+        w = torch.randint(-127, 128, (256, 48), generator=g, dtype=torch.int8)
+        w[:, 0], w[:, 1] = 127, -127
+        got = (mm or torch._int_mm)(a, w)
+        _EXACT[key] = torch.equal(got, a.to(torch.int32) @ w.to(torch.int32))
+    return _EXACT[key]
+
+
+def resolve_sums(sums: str) -> str:
+    """"auto" -> "int_mm" where `torch._int_mm` exists and is exact here, else "reference"; others as given."""
+    if sums == "auto":
+        return "int_mm" if has_int_mm() and int_mm_exact() else "reference"
+    return sums
 
 
 def _round_away(x: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,8 @@ a product over N rows (2 ≤ N ≤ `INVARIANT_MAX_ROWS`) in one of two ways:
 
 Either way a row's bits are a one-token step's, so plain decoding with the switch is plain
 decoding without it. What the second way costs is k calls instead of one (`labkit bench --only
-step` measures the mode per format); `machine_report` says, per kernel, which way this machine
-takes, and `labkit doctor` prints it.
+step` measures the mode per format); `labkit.model.invariance.default_kernels_report` says, per
+format, which way this machine takes, and `labkit doctor` prints it.
 
     >>> w = torch.randn(64, 32)
     >>> x = torch.randn(5, 32)
