@@ -7,8 +7,12 @@ fails the cell although no reader could ever see it. Here a figure is compared a
 
 - the same keys, the same trace types, names, colours, texts and labels, exactly;
 - every number (in a list, a typed array, or alone) within `RTOL` of the reference,
-  relative to the larger of the two values: 1e-4 is a hundredth of a percent, far below a
-  pixel on any axis, linear or logarithmic, and far above the last bits of a float;
+  relative to the larger of the two values: 1e-3 is a tenth of a percent, below a pixel on
+  any axis, linear or logarithmic. The last bits of a float are far smaller, but a number
+  computed through a search or a rounding step moves more when the instruction set changes:
+  AWQ's search errors in chapter 06 moved by 1.4e-4 of their value between an AVX-512 and an
+  AVX2 CPU (and under the AVX2 emulation of `make test-portable`), which a 1e-4 tolerance
+  failed; 1e-3 leaves that spread seven times over and still fails a point moved by 0.3 %;
 - arrays of the same length (a curve with one point more is a different curve).
 
 A figure whose data really changes still fails, and the failure names the first places
@@ -32,7 +36,7 @@ import numpy as np
 
 __all__ = ["RTOL", "FIGURE_MIME", "decode_typed_array", "figure_differences", "ComparedFigure", "install"]
 
-RTOL = 1e-4
+RTOL = 1e-3  # the largest cross-ISA spread measured, 1.4e-4, seven times over (see above)
 FIGURE_MIME = "application/vnd.plotly.v1+json"
 _DTYPES = {"f8": "<f8", "f4": "<f4", "i1": "i1", "u1": "u1", "i2": "<i2", "u2": "<u2", "i4": "<i4", "u4": "<u4",
            "i8": "<i8", "u8": "<u8", "u1c": "u1"}
