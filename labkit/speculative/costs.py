@@ -53,8 +53,12 @@ def relative_costs(target, draft=None, layers: int | None = None, ks=range(2, 10
     (n-gram lookup costs next to nothing).
     """
     target_pass_s(target, max(ks), repeat=1)  # warm up: a freshly loaded model's first passes run slow
-    t1 = target_pass_s(target, 1, repeat=repeat)
-    t_rel = {k: target_pass_s(target, k, repeat=repeat) / t1 for k in ks}
+    ones, tk = [target_pass_s(target, 1, repeat=repeat)], {}
+    for k in ks:  # T(1) again after every T(k): one slow sample of it cannot skew every ratio
+        tk[k] = target_pass_s(target, k, repeat=repeat)
+        ones.append(target_pass_s(target, 1, repeat=repeat))
+    t1 = statistics.median(ones)
+    t_rel = {k: t / t1 for k, t in tk.items()}
     if isinstance(draft, MTPHead):  # a head on the target's own hidden states: one chained head step
         c = head_step_s(target, draft, repeat=repeat) / t1
     elif draft is not None:
