@@ -22,7 +22,7 @@ turns it on for a block), does not rely on any of them, for passes of up to
     kernel gives every row its one-row bits at this shape, dtype and thread count, else one
     call per row, the call a one-token step makes;
   * `attend_rows`: each query of a multi-token pass attends alone, the very call a one-token
-    step makes: T calls instead of one, 2-3 ms on a 5-token SmolLM2 pass.
+    step makes: T calls instead of one (what the mode costs per format: `labkit bench --only step`).
   * RMSNorm has one form for every row count (a row's sum of squares is one reduction of its
     own, whatever the rows beside it), switch or not.
 
