@@ -103,12 +103,12 @@ def products(model, rounds: int = 5) -> dict:
               "bfloat16 mm": (lambda v, wt=w.t().to(bf): v.to(bf) @ wt, w.numel() * 2)}
     for name, q in (("int8 packed, bf16 act", QuantLinear.from_float(w, 8, act_dtype=bf)),
                     ("int4 g32 packed, bf16 act", QuantLinear.from_float(w, 4, 32, act_dtype=bf)),
-                    ("Q8_0 W8A8, reference sums", BlockLinear(w, "Q8_0", "int8", "reference")),
-                    ("Q8_0 W8A8, int_mm", BlockLinear(w, "Q8_0", "int8", "auto")),
-                    ("Q4_1 W4A8, int_mm", BlockLinear(w, "Q4_1", "int8", "auto"))):
-        if getattr(q, "sums", "int_mm") != "int_mm" and name.endswith("int_mm"):
-            continue  # torch._int_mm is inexact here (intdot.int_mm_exact): no such row
+                    ("Q8_0 W8A8, reference sums", BlockLinear(w, "Q8_0", "int8", "reference"))):
         layers[name] = (q, q.nbytes())
+    if intdot.has_int_mm() and intdot.int_mm_exact():  # no int_mm rows where its sums are inexact here
+        for fmt, kind in (("Q8_0", "W8A8"), ("Q4_1", "W4A8")):
+            q = BlockLinear(w, fmt, "int8", "int_mm")
+            layers[f"{fmt} {kind}, int_mm"] = (q, q.nbytes())
     layers["Q8_1 activations alone"] = (lambda v: intdot.quantize_activations(v, with_sum=True), 0)
     us = layer_rates({k: f for k, (f, _) in layers.items()}, x, rounds=rounds)
     return {k: {"us": us[k], "bytes": b, "gb_s": b / us[k] / 1e3 if b else None} for k, (_, b) in layers.items()}

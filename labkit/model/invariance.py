@@ -34,7 +34,7 @@ def _product(fmt: str, weight: torch.Tensor):
         return None
     act = torch.bfloat16 if "bf16" in fmt else torch.float32
     layer = QuantLinear.from_float(weight, bits=bits, act_dtype=act)
-    return layer._kernel, act
+    return layer.kernel, act
 
 
 def attention_rows_agree(dtype: torch.dtype, keys: int = 40, seed: int = 0) -> bool:

@@ -134,14 +134,14 @@ class QuantLinear(nn.Module):
             w = dequantize(self.qt)
             y = float_product(x2, w, invariant)
         elif invariant:
-            y = row_invariant(self._kernel, x2, ("int-pack", self.bits, self.group_size, self.act_dtype,
+            y = row_invariant(self.kernel, x2, ("int-pack", self.bits, self.group_size, self.act_dtype,
                                                    self.out_features, self.in_features))
         else:
-            y = self._kernel(x2)
+            y = self.kernel(x2)
         y = y if y.dtype == x.dtype else y.to(x.dtype)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
-    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+    def kernel(self, x2: torch.Tensor) -> torch.Tensor:
         """The packed kernel on activations [N, in] in the layer's activation dtype."""
         a = x2 if x2.dtype == self.act_dtype else x2.to(self.act_dtype)
         if self.bits == 8:
