@@ -81,6 +81,18 @@ def test_hostile_bodies_get_a_client_error(srv, name, data, want):
     assert took < 10
 
 
+@pytest.mark.parametrize("body, param", [
+    (b'{"model": "shakespeare", "messages": [{"role": "user", "content": "hi \\ud800"}]}', "messages[0].content"),
+    (b'{"model": "shakespeare", "messages": [{"role": "user", "content": "ok"}], "stop": ["\\udfff"]}', "stop[0]"),
+    (b'{"\\ud800": 1}', None),
+])
+def test_a_lone_surrogate_escape_is_a_client_error_naming_the_field(srv, body, param):
+    resp, _ = raw(srv, post(CHAT, body))
+    assert status(resp) == 400, resp[:300]
+    error = json.loads(resp.partition("\r\n\r\n")[2])["error"]
+    assert error["param"] == param and "surrogate" in error["message"], error
+
+
 def test_a_body_shorter_than_its_content_length_is_dropped_in_bounded_time(srv):
     resp, took = raw(srv, post(CHAT, b'{"messages": []}', length=1000), read_timeout=15)
     assert status(resp) in (408, None) and took < 8, (resp[:200], took)  # 408, or closed: never held open

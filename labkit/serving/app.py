@@ -52,13 +52,37 @@ async def read_json(request: HttpRequest, limit: int, timeout_s: float):
         raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", code="body_timeout",
                        headers={"Connection": "close"}) from None
     try:
-        return json.loads(body)
+        value = json.loads(body)
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not valid UTF-8", code="invalid_json") from None
     except RecursionError:
         raise ApiError(400, "the request body nests too deeply to be a request", code="invalid_json") from None
     except ValueError as exc:  # malformed JSON, or an integer literal too long to convert
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    where = _lone_surrogate(value, "")
+    if where is not None:  # JSON may escape half a UTF-16 pair ("\ud800"): no text can hold it
+        raise ApiError(400, f"{where or 'the body'} holds a lone UTF-16 surrogate escape, which is not text",
+                       code="invalid_json", param=where or None)
+    return value
+
+
+def _lone_surrogate(value, path: str) -> str | None:
+    """The path of the first string (value or key) that cannot be encoded as UTF-8, or None."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                stack.append((key, where))
+                stack.append((sub, f"{where}.{key}" if where else str(key)))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{where}[{i}]") for i, sub in enumerate(item))
+    return None
 
 
 def _error(err: ApiError) -> JSONResponse:
