@@ -94,6 +94,18 @@ def test_calibrate_turns_times_into_efficiencies():
         calibrate(TINY, hw, rows=(16,), times={**times, "rows": {16: 1.0}})
 
 
+def test_calibrate_caps_the_model_input_but_keeps_the_measured_rate():
+    """Products that stream faster than the `sum`: mem_eff (a model input) is held at 1, while
+    `stream_gb_s` keeps the measured rate, uncapped, for reporting."""
+    hw = costmodel.hardware(PI5)
+    bw = hw.mem_bw_gbs * 1e9
+    times = {"rows": {1: 2e9 / (1.25 * bw), 16: 1.0}, "flops": {1: 1.0, 16: 1.0}, "bytes": 2e9, "layers_timed": 1}
+    cal = calibrate(TINY, hw, rows=(16,), times=times)
+    assert cal.mem_eff == 1.0
+    assert cal.stream_gb_s == pytest.approx(1.25 * hw.mem_bw_gbs)
+    assert f"{cal.stream_gb_s:.1f} GB/s" in cal.name
+
+
 def test_calibrated_smollm2_profile_on_real_products():
     """Measured on this machine: the products of more rows reach a higher efficiency, and a one-row pass
     streams its weights no faster than the read bandwidth allows (both held to (0, 1])."""

@@ -1,4 +1,4 @@
-"""The cost and power exercise checkers accept the reference formulas and catch the usual mistakes."""
+"""The power exercise checkers accept the reference formulas and catch the usual mistakes."""
 import math
 
 import pytest
@@ -8,9 +8,6 @@ from tests.conftest import assert_checker_separates
 
 
 @pytest.mark.parametrize("name, right, wrong", [
-    ("check_roofline_time", lambda f, b, F, B: max(f / F, b / B), lambda f, b, F, B: f / F + b / B),
-    ("check_ridge_tokens", lambda F, B, w: F * w / (2 * B), lambda F, B, w: F / B),
-    ("check_prefill_share", lambda p, i, n: p / (p + (n - 1) * i), lambda p, i, n: p / (p + n * i)),
     ("check_dynamic_power", lambda c, f, v: c * f * v * v * 1e-6, lambda c, f, v: c * f * v * 1e-6),
     ("check_onchip_share", lambda s, k, c: 1.0 if k * c == 0 else min(1.0, s / (k * c)), lambda s, k, c: s / (k * c + 1)),
     ("check_breakeven_tokens",

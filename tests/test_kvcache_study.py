@@ -171,7 +171,6 @@ def test_widgets_redraw_in_place_when_a_slider_moves():
     ("slot_mapping", lambda t, bs, p: t[p // bs] * bs + p % bs, lambda t, bs, p: t[p // bs] + p % bs),
     ("streaming_keep", None, lambda n, k, w, s: list(range(n))[-(w - k):]),
     ("asym_quantize", None, lambda x, b: x.round()),
-    ("ttft_and_itl", lambda r, t: (t[0] - r, [b - a for a, b in zip(t, t[1:])]), lambda r, t: (t[0] - r, list(t))),
 ])
 def test_exercises_pass_the_solution_and_fail_a_wrong_answer(name, solution, wrong, capsys):
     from labkit.exercises import kvcache as ex

@@ -3,8 +3,8 @@
 `this_machine()` measures two peaks: the streaming-read bandwidth and a 1024 x 1024 float32 matmul.
 A model's products are neither. A prompt of 16 tokens makes every product a 16-row one, which the
 BLAS runs at a fraction of the big-matmul rate, and a decode step's matrix-vector products stream
-their weights slower than a plain `sum` reads memory. So this module measures, the way the
-bandwidth is measured and without running the model:
+their weights at a rate of their own, which may be below or above what a plain `sum` reads. So this
+module measures, the way the bandwidth is measured and without running the model:
 
 - for each row count (tokens per product), the FLOP/s of one pass through the model's own linear
   shapes (q, k, v, o, gate, up, down), stored and multiplied as the loaded model does it
@@ -13,6 +13,9 @@ bandwidth is measured and without running the model:
 
 `calibrate` returns the profile with those two measurements in it: `compute_eff_rows` (the
 linear layers' efficiency by rows, used by `labkit.costmodel.roofline.phase_time`) and `mem_eff`.
+Both are model inputs and capped at 1: where the products beat the `sum` the calibrated decode
+equals the peaks' roofline. The measured rate itself, uncapped, is kept as `.stream_gb_s` (and is
+the rate the profile's name prints); report that one, not `mem_bw_gbs * mem_eff`.
 What it still leaves out (attention's kernels, norms, RoPE, the Python between operators) is what
 a comparison with the real model shows as the remaining gap.
 
@@ -123,6 +126,7 @@ def calibrate(config, hw=None, rows=ROWS, seconds: float = 0.1, megabytes: float
                   "name": ("measured", src)}
     calibrated = hw.replace(compute_eff_rows=effs, mem_eff=mem_eff, name=name, provenance=provenance)
     object.__setattr__(calibrated, "product_times", times)
+    object.__setattr__(calibrated, "stream_gb_s", stream_gb_s)  # measured; mem_eff is this over the sum's rate, capped at 1
     if hasattr(hw, "copy_bw_gbs"):
         object.__setattr__(calibrated, "copy_bw_gbs", hw.copy_bw_gbs)
     return calibrated

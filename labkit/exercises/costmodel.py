@@ -1,49 +1,65 @@
-"""Exercises of chapter 03's modelled half: the roofline time, the ridge point in tokens, the prefill share."""
+"""Exercises of chapter 03's modelled half: a new device's ridge point, and the prompt that costs a reply.
+
+Neither answer is printed in the chapter: the ridge of a device the lab has no profile for, with its
+bit widths, group scales and efficiencies, is checked against `labkit.costmodel.ridge_tokens` on a
+profile built from the same spec; the prompt length at which a prefill costs as much as N decode steps
+is derived from the roofline, including the devices whose single decode step is compute-bound.
+"""
 from __future__ import annotations
 
 from labkit.exercises._core import check
 
-__all__ = ["check_roofline_time", "check_ridge_tokens", "check_prefill_share"]
+__all__ = ["check_device_ridge", "check_equal_time_prompt"]
+
+# Two devices the profiles do not hold (invented for the exercise): an NPU with integer peaks and a
+# small accelerator that lists only fp16 and fp32.
+NPU = {"peak_tflops": {"int4": 160.0, "int8": 80.0, "fp16": 40.0}, "mem_bw_gbs": 120.0,
+       "compute_eff": 0.5, "mem_eff": 0.7}
+EDGE = {"peak_tflops": {"fp16": 26.0, "fp32": 13.0}, "mem_bw_gbs": 204.8, "compute_eff": 0.4, "mem_eff": 0.8}
 
 
-def _reference_roofline_time(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
-    # compute and memory overlap: the slower of the two sets the time
-    return max(flops / peak_flops, nbytes / bandwidth)
+def _reference_device_ridge(spec: dict, weight_bits: float, act_bits: float) -> float:
+    from labkit.costmodel import hardware, ridge_tokens
+
+    hw = hardware("h100-sxm").replace(key="exercise-device", name="exercise device", peak_tflops=dict(spec["peak_tflops"]),
+                                      mem_bw_gbs=spec["mem_bw_gbs"], compute_eff=spec["compute_eff"],
+                                      mem_eff=spec["mem_eff"])
+    return ridge_tokens(hw, weight_bits, act_bits)
 
 
-def check_roofline_time(fn) -> bool:
-    """Check `fn(flops, bytes, peak_flops, bandwidth_bytes_per_s) -> seconds` (one roofline, no efficiencies)."""
+def check_device_ridge(fn) -> bool:
+    """Check `fn(spec, weight_bits, act_bits) -> tokens per pass at the ridge`, as labkit's cost model
+    computes it for a device described by `spec` ({"peak_tflops": {precision: TFLOP/s}, "mem_bw_gbs",
+    "compute_eff", "mem_eff"}): the arithmetic runs in the wider of the two bit widths (int4, int8, fp16,
+    fp32; a precision the device does not list runs at the next wider one it lists), and weights below
+    16 bits carry a 16-bit scale and a 16-bit zero point per group of 64."""
+    cases = [(NPU, 16, 16), (NPU, 4, 16), (NPU, 8, 8), (NPU, 4, 8), (NPU, 4, 4),
+             (EDGE, 16, 16), (EDGE, 8, 8), (EDGE, 32, 32)]
+    return check("device_ridge", fn, _reference_device_ridge, cases, compare=lambda a, b: abs(a - b) <= 1e-6 * abs(a),
+                 hint="which precision does the arithmetic run in (the weights' or the activations'?), how many "
+                      "bytes does a weight cost with its group's scale and zero point, and which fraction of each "
+                      "peak does the device reach?")
+
+
+def _reference_equal_time_prompt(peak_flops: float, bandwidth: float, bytes_per_weight: float, n_tokens: int) -> float:
+    # W weights, batch 1, weights only. One decode step: max(2W/F, W b/BW). A prefill of P tokens:
+    # max(2 P W/F, W b/BW). The longest P with prefill(P) <= n steps: 2 P W/F = n max(2W/F, W b/BW).
+    ridge = peak_flops * bytes_per_weight / (2 * bandwidth)
+    return n_tokens * max(1.0, ridge)
+
+
+def check_equal_time_prompt(fn) -> bool:
+    """Check `fn(peak_flops, bandwidth, bytes_per_weight, n_tokens) -> prompt tokens`: the longest prompt
+    whose prefill takes no longer than `n_tokens` decode steps at batch 1, on the roofline with the
+    weights only (attention and the KV cache left out, no efficiencies)."""
     cases = [
-        (2 * 7e9, 14e9, 989e12, 3.35e12),            # decode step of a 7B model on an H100: memory-bound
-        (2 * 7e9 * 2048, 14e9, 989e12, 3.35e12),     # prefill of 2048 tokens: compute-bound
-        (1e12, 1e9, 1e12, 1e9),                       # exactly on the ridge
-        (45e9, 3.7e9, 45e12, 76.8e9),                 # a phone decoding a 7B INT4 model
+        (312e12, 2039e9, 2.0, 32),      # A100, fp16: 32 reply tokens
+        (989e12, 3350e9, 2.0, 1),       # H100, one step: the prompts a single step's weight read hides
+        (45e12, 76.8e9, 0.5625, 100),   # a phone NPU, 4.5-bit weights in int8 arithmetic
+        (1e9, 10e9, 2.0, 50),           # a tiny core with fast memory: even one decode step is compute-bound
+        (200e9, 40e9, 4.0, 7),          # a CPU in float32
     ]
-    return check("roofline_time", fn, _reference_roofline_time, cases,
-                 hint="time = max(FLOPs / peak FLOP/s, bytes / bandwidth): whichever resource runs out first")
-
-
-def _reference_ridge_tokens(peak_flops: float, bandwidth: float, bytes_per_weight: float) -> float:
-    # a token costs 2 FLOPs per weight; one pass reads bytes_per_weight per weight:
-    # 2 N / F = b / BW  ->  N = F b / (2 BW)
-    return peak_flops * bytes_per_weight / (2 * bandwidth)
-
-
-def check_ridge_tokens(fn) -> bool:
-    """Check `fn(peak_flops, bandwidth, bytes_per_weight) -> tokens`: tokens per weight pass at the ridge."""
-    cases = [(312e12, 2039e9, 2.0), (989e12, 3350e9, 2.0), (45e12, 76.8e9, 0.5625), (154e9, 17.1e9, 4.0)]
-    return check("ridge_tokens", fn, _reference_ridge_tokens, cases, compare=lambda a, b: abs(a - b) <= 1e-6 * abs(a),
-                 hint="set the compute time of N tokens (2 FLOPs per weight per token) equal to the time to read "
-                      "the weights once, and solve for N")
-
-
-def _reference_prefill_share(prefill_s: float, itl_s: float, reply_len: int) -> float:
-    # the first token comes out of the prefill; the other reply_len - 1 are decode steps
-    return prefill_s / (prefill_s + (reply_len - 1) * itl_s)
-
-
-def check_prefill_share(fn) -> bool:
-    """Check `fn(prefill_s, itl_s, reply_len) -> share of the request's time spent in prefill`."""
-    cases = [(0.061, 0.0144, 33), (0.15, 0.037, 129), (0.6, 0.037, 16), (1.0, 0.05, 1)]
-    return check("prefill_share", fn, _reference_prefill_share, cases,
-                 hint="total = prefill + (reply_len - 1) decode steps: the first token comes out of the prefill")
+    return check("equal_time_prompt", fn, _reference_equal_time_prompt, cases,
+                 compare=lambda a, b: abs(a - b) <= 1e-6 * abs(a),
+                 hint="write the time of one decode step and of a P-token prefill as max(compute, memory), "
+                      "set P-token prefill = n steps and solve; mind the devices where a step is not memory-bound")

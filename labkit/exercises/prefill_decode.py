@@ -1,19 +1,129 @@
-"""Exercise of chapter 03, the measured half: TTFT and ITL from the timestamps of a streamed reply."""
+"""Exercises of chapter 03, the measured half: a stream's metrics and a TTFT predicted before it is measured.
+
+Both checkers test properties of the learner's function on synthetic streams and sweeps (a stall that
+must move some metrics and not others, a prefill law that must be extrapolated), not the outputs of one
+formula the chapter printed.
+"""
 from __future__ import annotations
 
-from labkit.exercises._core import check
+import math
 
-__all__ = ["check_ttft_and_itl"]
+from labkit.exercises._core import Verdict
 
-
-def _ttft_and_itl(request_time: float, token_times: list[float]) -> tuple[float, list[float]]:
-    return token_times[0] - request_time, [b - a for a, b in zip(token_times, token_times[1:])]
+__all__ = ["check_stream_metrics", "check_ttft_prediction"]
 
 
-def check_ttft_and_itl(fn) -> bool:
-    """Check `fn(request_time, token_times) -> (ttft, itl)`: seconds from the request to the first
-    token, and the gaps between consecutive tokens (one fewer than the tokens)."""
-    cases = [(0.0, [0.5, 0.55, 0.61]), (10.0, [10.2]), (3.0, [3.9, 4.0, 4.1, 4.25, 4.3]), (0.0, [0.0, 1.0])]
-    return check("ttft_and_itl", fn, _ttft_and_itl, cases,
-                 hint="TTFT = first token time - request time; ITL = the differences between neighbouring "
-                      "token times (a reply of n tokens has n - 1 of them)")
+def run_properties(name: str, fn, properties, hint: str = "") -> Verdict:
+    """Run `fn` on each property's arguments; print [TODO], the first [FAIL] (with `hint`), or [PASS].
+
+    properties: (label, args, test) triples; `test(result)` returns True when the property holds. A test
+    given as the exception class `ValueError` means: `fn(*args)` must raise it.
+    """
+    if not callable(fn):
+        raise TypeError(f"{name}: expected a function, got {type(fn).__name__}")
+    for i, (label, args, test) in enumerate(properties, start=1):
+        try:
+            result = fn(*args)
+        except NotImplementedError:
+            print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
+            return Verdict(False)
+        except Exception as exc:  # the learner's bug, reported, not raised
+            if test is ValueError and isinstance(exc, ValueError):
+                continue
+            print(f"[FAIL] {name}: property {i}/{len(properties)} ({label}) raised {type(exc).__name__}: {exc}")
+            return Verdict(False)
+        try:
+            ok = test is not ValueError and bool(test(result))
+        except Exception:  # a result of the wrong shape
+            ok = False
+        if not ok:
+            print(f"[FAIL] {name}: property {i}/{len(properties)} does not hold: {label}")
+            print(f"       got: {result!r}"[:300])
+            if hint:
+                print(f"       hint: {hint}")
+            return Verdict(False)
+    print(f"[PASS] {name}: all {len(properties)} properties hold.")
+    return Verdict(True)
+
+
+def _close(a, b, tol: float = 1e-9) -> bool:
+    return a is not None and b is not None and abs(float(a) - float(b)) <= tol
+
+
+def _stream(first: float, gaps: list[float]) -> list[float]:
+    times = [first]
+    for g in gaps:
+        times.append(times[-1] + g)
+    return times
+
+
+def check_stream_metrics(fn) -> Verdict:
+    """Check `fn(request_time, token_times) -> {"ttft", "itl_median", "itl_p90", "tpot"}` (seconds).
+
+    ttft: request to first token. The ITLs are the gaps between consecutive tokens; itl_median and
+    itl_p90 are their median and 90th percentile; tpot is the mean time per output token after the
+    first. A one-token reply has no ITL: the three ITL metrics are None. Times that go backwards (a
+    token before the request, or before the token preceding it) raise ValueError.
+    """
+    g, stall, n = 0.05, 1.0, 30  # 30 tokens: 29 gaps
+    plain = _stream(0.3, [g] * (n - 1))
+    one_stall = _stream(0.3, [g] * 14 + [g + stall] + [g] * 14)
+    many = _stream(0.3, [g + stall if i % 5 == 0 else g for i in range(n - 1)])  # 6 of 29 gaps stalled
+    late = _stream(0.3 + stall, [g] * (n - 1))
+
+    def metrics(ttft, median, p90, tpot):
+        return lambda r: (_close(r["ttft"], ttft) and _close(r["itl_median"], median) and _close(r["itl_p90"], p90)
+                          and _close(r["tpot"], tpot))
+
+    properties = [
+        ("an even stream: every ITL metric is the gap", (0.0, plain), metrics(0.3, g, g, g)),
+        ("the request time is subtracted, not assumed 0", (10.0, [10.0 + t for t in plain]), metrics(0.3, g, g, g)),
+        ("one stall in 29 gaps moves the mean (tpot) but neither the median nor p90", (0.0, one_stall),
+         metrics(0.3, g, g, g + stall / (n - 1))),
+        ("a stall in 6 of 29 gaps (over 10 %) moves p90 to the stalled gap", (0.0, many),
+         metrics(0.3, g, g + stall, g + 6 * stall / (n - 1))),
+        ("a stall before the first token moves the TTFT only, no ITL metric", (0.0, late), metrics(0.3 + stall, g, g, g)),
+        ("a one-token reply has a TTFT and no ITL (None)", (0.0, [0.4]),
+         lambda r: _close(r["ttft"], 0.4) and r["itl_median"] is None and r["itl_p90"] is None and r["tpot"] is None),
+        ("a token before the request raises ValueError", (1.0, [0.5, 0.6]), ValueError),
+        ("token times that go backwards raise ValueError", (0.0, [0.5, 0.7, 0.6]), ValueError),
+    ]
+    return run_properties("stream_metrics", fn, properties,
+                          hint="the first gap is the TTFT, not an ITL; the median and the 90th percentile come "
+                               "from the sorted ITLs; tpot is (last - first token) / (tokens - 1)")
+
+
+def _law_linear(p: float) -> float:       # a fixed cost plus a cost per token
+    return 0.02 + 1.2e-3 * p
+
+
+def _law_quadratic(p: float) -> float:    # ... plus attention over every earlier token: a P² term
+    return 0.01 + 1.0e-3 * p + 4e-7 * p * p
+
+
+def _rows(law, lens=(16, 64, 256, 512)) -> list[dict]:
+    return [{"prompt_len": p, "ttft_s": law(p)} for p in lens]
+
+
+def check_ttft_prediction(fn) -> Verdict:
+    """Check `fn(rows, prompt_len) -> predicted TTFT (s)` from a sweep's rows ({"prompt_len", "ttft_s"}, at
+    least three) at a prompt length the sweep may not cover.
+
+    The sweeps are made from prefill laws with a fixed cost, a cost per token and, in one, attention's
+    cost that grows with the square of the prompt; a prediction must land within 3 % of the law,
+    also at four times the longest prompt measured.
+    """
+    def near(law, p, rtol=0.03):
+        return lambda got: isinstance(got, (int, float)) and math.isfinite(got) and abs(got - law(p)) <= rtol * law(p)
+
+    shuffled = list(reversed(_rows(_law_quadratic, (16, 32, 64, 128, 256, 512))))
+    properties = [
+        ("inside the sweep (prompt 128, fixed + per-token law)", (_rows(_law_linear), 128), near(_law_linear, 128)),
+        ("a fixed cost: 1024 tokens is not twice the 512-token TTFT", (_rows(_law_linear), 1024), near(_law_linear, 1024)),
+        ("a short prompt keeps the fixed cost (8 tokens)", (_rows(_law_linear), 8), near(_law_linear, 8)),
+        ("attention grows with P²: extrapolate to 2048 tokens", (_rows(_law_quadratic), 2048), near(_law_quadratic, 2048)),
+        ("rows in any order", (shuffled, 1024), near(_law_quadratic, 1024)),
+    ]
+    return run_properties("ttft_prediction", fn, properties,
+                          hint="what does a prefill pay once, per token, and per pair of tokens? fit those three "
+                               "terms to the rows (a least-squares fit of degree 2 in the prompt length)")

@@ -1,9 +1,10 @@
 """Where a decode step's time goes: the weight products against everything else, from `torch.profiler`.
 
-A bandwidth-bound step should take bytes / bandwidth. It takes longer for two reasons this
-profile separates: the weight products run below the bandwidth (kernel throughput per
-weight), and the ~hundreds of small operations around them (norms, RoPE, attention over
-the cache, residual adds, sampling) cost time whatever the weights' format.
+A bandwidth-bound step should take bytes / bandwidth. It can take longer for two reasons this
+profile separates: the weight products may run below the bandwidth (kernel throughput per
+weight), and the thousands of small operations around them (norms, RoPE, attention over
+the cache, residual adds, sampling) and the Python between them cost time of their own, which
+changes far less with the weights' format than the products do.
 
     >>> p = step_profile(model, ids, steps=8)                                    # doctest: +SKIP
     >>> p["matmul_ms"], p["other_ms"], p["ops_per_step"]                          # doctest: +SKIP
