@@ -201,30 +201,6 @@ def test_speculative_decoding_refuses_constraints(shakespeare):
         labkit.speculative.generate(model, draft, tok, "ROMEO:", regex="(a|b)")
 
 
-def test_the_exercise_checkers_tell_right_from_wrong(capsys):
-    from tests.conftest import assert_checker_separates
-
-    def allowed_right(table, accepting, vocab, state):
-        out = []
-        for i, data in enumerate(vocab):
-            s = state
-            for b in data:
-                s = table[s][b]
-                if s < 0:
-                    break
-            if data and s >= 0:
-                out.append(i)
-        return out
-
-    def allowed_first_byte_only(table, accepting, vocab, state):  # forgets to walk the whole token
-        return [i for i, data in enumerate(vocab) if data and table[state][data[0]] >= 0]
-
-    assert_checker_separates("check_allowed_tokens", allowed_right, allowed_first_byte_only, capsys)
-    assert_checker_separates("check_masked_softmax",
-                             lambda l, a: torch.softmax(l.masked_fill(~a, float("-inf")), -1),
-                             lambda l, a: torch.softmax(l, -1) * a, capsys)  # masks but forgets to renormalise
-
-
 def test_the_mask_figure_follows_a_constrained_reply(shakespeare):
     model, tok = shakespeare
     steps = labkit.viz.constraint_steps(model, tok, tok.encode("ROMEO:"), make_constraint(tok, json_schema=SCHEMAS[0]))

@@ -1,4 +1,4 @@
-"""Chapter 05's figure, widget, exercises and the repetition statistics."""
+"""Chapter 05's figure, widget and the repetition statistics (its exercises: test_exercises_sampling.py)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from labkit.exercises import check_repetition_penalty, check_top_p
 from labkit.sampling import process_logits
 from labkit.metrics import distinct_n, repeated_ngram_rate
 from labkit.viz import repetition_rate_figure, sampling_pipeline_figure, sampling_stage_probs
@@ -83,32 +82,3 @@ def test_repetition_statistics():
         repeated_ngram_rate([1, 2], n=0)
     fig = repetition_rate_figure([1.0, 1.2], [[0.3, 0.5], [0.1, 0.2]])
     assert list(fig.data[1].y) == pytest.approx([0.4, 0.15])
-
-
-def _top_p_solution(logits, top_p):
-    probs = logits.softmax(-1)
-    sorted_probs, order = probs.sort(descending=True)
-    n_keep = int((sorted_probs.cumsum(-1) < top_p).sum()) + 1
-    out = torch.full_like(logits, float("-inf"))
-    out[order[:n_keep]] = logits[order[:n_keep]]
-    return out
-
-
-def _repetition_solution(logits, history, penalty):
-    out = logits.clone()
-    for t in set(history):
-        out[t] = out[t] / penalty if out[t] > 0 else out[t] * penalty
-    return out
-
-
-def test_exercises_accept_a_solution_and_reject_classic_mistakes(capsys):
-    assert check_top_p(_top_p_solution)
-    assert check_repetition_penalty(_repetition_solution)
-    # top-p without the token that crosses the threshold
-    assert not check_top_p(lambda l, p: torch.where(
-        l.softmax(-1).sort(descending=True).values.cumsum(-1)[l.argsort(descending=True).argsort()] <= p,
-        l, torch.tensor(float("-inf"), dtype=l.dtype)))
-    # CTRL's original penalty: divide every seen logit, which makes negative ones *more* likely
-    assert not check_repetition_penalty(lambda l, h, p: torch.where(
-        torch.isin(torch.arange(l.numel()), torch.tensor(h, dtype=torch.long)), l / p, l))
-    assert "[FAIL]" in capsys.readouterr().out

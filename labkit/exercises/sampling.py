@@ -1,67 +1,165 @@
-"""Exercises of chapter 05: write top-p (nucleus) filtering and the repetition penalty."""
+"""Exercises of chapter 05's sampling half: top-p checked by its properties, and the penalty that flips greedy.
+
+Both checkers test properties and edge cases, not one formula's outputs: top-p must return the
+*smallest* top set of tokens reaching `top_p` (any of several tied tokens may be the one kept);
+the flip penalty is checked against the repetition penalty as `process_logits` applies it.
+"""
 from __future__ import annotations
+
+import copy
+import math
+from typing import Callable
 
 import torch
 
-from labkit.exercises._core import check
-from labkit.sampling.processors import apply_repetition_penalty, token_counts, top_p_filter
+from labkit.exercises._core import Verdict, _short
 
-__all__ = ["check_top_p", "check_repetition_penalty"]
-
-
-def _reference_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    return top_p_filter(logits.unsqueeze(0), top_p)[0]
+__all__ = ["check_top_p", "check_flip_penalty"]
 
 
-def _reference_repetition_penalty(logits: torch.Tensor, history: list[int], penalty: float) -> torch.Tensor:
-    counts = token_counts(torch.tensor([history], dtype=torch.long).reshape(1, -1), logits.numel())
-    return apply_repetition_penalty(logits.unsqueeze(0), counts, penalty)[0]
+def property_check(name: str, fn: Callable, cases: list[tuple], prop: Callable, hint: str = "") -> Verdict:
+    """Run `fn(*case)` on each case and `prop(case, result)`: None when the result is right, else why not.
 
+    Prints [TODO] for a stub that raises NotImplementedError, the first failing case with its reason,
+    or a pass line; returns the Verdict.
+    """
+    if not callable(fn):
+        raise TypeError(f"{name}: expected a function, got {type(fn).__name__}")
+    for i, case in enumerate(cases, start=1):
+        try:
+            got = fn(*copy.deepcopy(case))
+        except NotImplementedError:
+            print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
+            return Verdict(False)
+        except Exception as exc:  # the learner's bug, reported, not raised
+            print(f"[FAIL] {name}: case {i}/{len(cases)} raised {type(exc).__name__}: {exc}")
+            print(f"       input: {_short(case)}")
+            return Verdict(False)
+        why = prop(case, got)
+        if why:
+            print(f"[FAIL] {name}: case {i}/{len(cases)}: {why}")
+            print(f"       input: {_short(case)}")
+            print(f"       got:   {_short(got)}")
+            if hint:
+                print(f"       hint: {hint}")
+            return Verdict(False)
+    print(f"[PASS] {name}: all {len(cases)} cases hold every property.")
+    return Verdict(True)
+
+
+# ---- 1. top-p, checked by what the nucleus is -----------------------------------------------------
 
 def _top_p_cases() -> list[tuple]:
     gen = torch.Generator().manual_seed(5)
+    f64 = dict(dtype=torch.float64)
     cases = [
-        (torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64).log(), 0.75),  # keeps 2: 0.8 >= 0.75
-        (torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64).log(), 0.9),   # keeps 3
-        (torch.tensor([0.05, 0.15, 0.5, 0.3], dtype=torch.float64).log(), 0.6),   # unsorted input
-        (torch.tensor([0.9, 0.05, 0.05], dtype=torch.float64).log(), 0.5),        # one token is enough
-        (torch.tensor([2.0, 1.0, 0.0, -1.0], dtype=torch.float64), 1.0),          # p = 1 keeps all
+        (torch.tensor([0.5, 0.3, 0.15, 0.05], **f64).log(), 0.75),   # keeps 2
+        (torch.tensor([0.05, 0.15, 0.5, 0.3], **f64).log(), 0.6),    # unsorted input
+        (torch.tensor([0.9, 0.05, 0.05], **f64).log(), 0.5),         # one token is enough
+        (torch.zeros(4, **f64), 0.5),                                 # four-way tie: exactly two of them
+        (torch.tensor([1.0, 3.0, 1.0, 3.0, 0.0], **f64), 0.6),       # ties at the top and at the crossing
+        (torch.tensor([2.0, 1.0, 0.0, -1.0], **f64), 1.0),           # p = 1 keeps every token
+        (torch.tensor([0.0, float("-inf"), float("-inf")], **f64), 0.9),  # one token holds all the mass
+        (torch.tensor([40.0, 0.0, 0.0, 0.0]), 0.99),                  # float32, nearly all mass on one token
+        (torch.tensor([5.0, 4.0, 3.0]), 0.01),                        # tiny p: the favourite alone
     ]
     for top_p in (0.3, 0.9):  # random logits, away from the boundary
-        cases.append((torch.randn(12, generator=gen, dtype=torch.float64) * 2, top_p))
+        cases.append((torch.randn(50, generator=gen, **f64) * 2, top_p))
     return cases
 
 
-def check_top_p(fn) -> bool:
+def _top_p_property(case, got) -> str | None:
+    logits, top_p = case
+    if not isinstance(got, torch.Tensor) or got.shape != logits.shape:
+        return f"expected logits of shape {tuple(logits.shape)}, got {type(got).__name__} {getattr(got, 'shape', '')}"
+    kept = torch.isfinite(got)
+    if not kept.any():
+        return "no token kept: the nucleus always holds at least one token"
+    if not torch.equal(got[kept], logits[kept]) or (got[~kept] != float("-inf")).any():
+        return "kept tokens must keep their own logits unchanged and the others be -inf"
+    if (kept & ~torch.isfinite(logits)).any():
+        return "a token with logit -inf (probability 0) was kept"
+    probs = logits.double().softmax(-1)
+    mass, tol = float(probs[kept].sum()), 1e-9
+    if top_p >= 1.0:
+        return None if bool(kept[probs > 0].all()) else "top_p = 1 must keep every token with probability > 0"
+    if (~kept).any() and float(probs[kept].min()) < float(probs[~kept].max()) - tol:
+        return "a removed token is more likely than a kept one: the nucleus is the *most likely* tokens"
+    if mass < top_p - tol:
+        return f"the kept tokens hold {mass:.4f} of the mass, less than top_p = {top_p}"
+    if mass - float(probs[kept].min()) >= top_p - tol:
+        return (f"not the smallest set: without its least likely token the set still holds "
+                f"{mass - float(probs[kept].min()):.4f} >= top_p = {top_p}")
+    return None
+
+
+def check_top_p(fn) -> Verdict:
     """Check `fn(logits [V], top_p) -> logits [V]` with the removed tokens at -inf.
 
-    Keep the smallest set of most likely tokens whose probabilities add up to at least
-    top_p (the token that crosses top_p is kept), as Hugging Face and llama.cpp do.
+    The kept tokens must be the smallest set of most likely tokens whose probabilities reach top_p
+    (the token that crosses top_p is kept; of tied tokens, any may be kept); top_p = 1 keeps every
+    token; the kept logits come back unchanged.
     """
-    return check(
-        "top_p",
-        fn,
-        _reference_top_p,
-        _top_p_cases(),
-        hint="sort the probabilities in descending order, take the cumulative sum, and keep every "
-        "token up to and including the first one where the sum reaches top_p; set the rest to -inf",
-    )
+    return property_check("top_p", fn, _top_p_cases(), _top_p_property,
+                          hint="rank the tokens by probability, and keep each one while the mass *before* it is "
+                               "still below top_p; work on probabilities (softmax), not on logits")
 
 
-def check_repetition_penalty(fn) -> bool:
-    """Check `fn(logits [V], history: list[int], penalty) -> logits [V]` (CTRL's penalty, HF's sign rule)."""
+# ---- 2. the repetition penalty that makes greedy leave the history ---------------------------------
+
+def _reference_flip(logits: torch.Tensor, history: list[int]) -> float:
+    seen = torch.zeros(logits.numel(), dtype=torch.bool)
+    seen[sorted(set(history))] = True
+    if seen.all():
+        return math.inf
+    s, u = float(logits[seen].max()), float(logits[~seen].max())
+    if int(logits.argmax()) not in set(history):
+        return 1.0
+    if s > 0:
+        return max(1.0, s / u) if u > 0 else math.inf
+    if s < 0:
+        return max(1.0, u / s) if u < 0 else 1.0
+    return 1.0 if u > 0 else math.inf      # a zero logit is left at zero by every penalty
+
+
+def _flip_cases() -> list[tuple]:
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    gen = torch.Generator().manual_seed(7)
     cases = [
-        (torch.tensor([2.0, -1.0, 0.5, 0.0]), [0, 1, 3], 2.0),   # divide positive, multiply negative
-        (torch.tensor([2.0, -1.0, 0.5, 0.0]), [0, 1, 3], 0.5),   # penalty < 1 rewards repeats
-        (torch.tensor([3.0, 1.0, -2.0]), [0, 0, 0, 2], 1.5),      # once per distinct token, not per occurrence
-        (torch.tensor([1.0, -1.0]), [], 1.3),                     # no history: unchanged
-        (torch.tensor([4.0, -4.0, 1.0, 1.0]), [2, 1], 1.0),       # penalty 1: unchanged
+        (t(4.0, 1.0, 2.0, -1.0), [0]),            # positive favourite: divide until it falls below 2
+        (t(4.0, 3.0, 2.0, -1.0), [0, 1]),         # the runner-up is also in the history: the best *unseen* counts
+        (t(4.0, -1.0, -2.0), [0]),                # every unseen logit negative: dividing never goes below 0
+        (t(-1.0, -3.0, -2.0), [0]),               # negative favourite: multiplying pushes it down
+        (t(0.5, 2.0, -1.0), [0, 0]),              # greedy already picks an unseen token
+        (t(3.0, 1.0, 0.5), [0, 0, 0, 2]),         # repeats count once: a distinct token is penalised once
+        (t(1.0, 2.0), [0, 1]),                    # everything seen: no penalty helps
+        (t(0.0, -1.0, -0.5), [0]),                # a zero logit never moves
+        (t(0.0, 0.5, -1.0), [0, 1]),              # seen positive token on top
+        (t(2.0, 2.0, 1.0), [1]),                  # tie: greedy picks id 0, which is unseen
     ]
-    return check(
-        "repetition_penalty",
-        fn,
-        _reference_repetition_penalty,
-        cases,
-        hint="for each distinct token in the history: a positive logit is divided by the penalty, "
-        "a negative one multiplied by it (so both become less likely when penalty > 1)",
-    )
+    for _ in range(4):
+        logits = torch.randn(12, generator=gen, dtype=torch.float64) * 2
+        history = [int(logits.argmax())] + torch.randint(0, 12, (3,), generator=gen).tolist()
+        cases.append((logits, history))
+    return cases
+
+
+def _flip_property(case, got) -> str | None:
+    logits, history = case
+    try:
+        got = float(got)
+    except (TypeError, ValueError):
+        return f"expected a float (math.inf when no penalty works), got {type(got).__name__}"
+    want = _reference_flip(logits, history)
+    if math.isinf(want) or math.isinf(got):
+        return None if got == want else f"expected {want}"
+    return None if math.isclose(got, want, rel_tol=1e-6) else f"expected {want:.6g}"
+
+
+def check_flip_penalty(fn) -> Verdict:
+    """Check `fn(logits [V], history: list[int]) -> float`: the smallest repetition penalty >= 1 above which
+    greedy decoding no longer picks a token of `history` (1.0 if it already does not; math.inf if no penalty
+    gets there). The penalty is CTRL's with Hugging Face's sign rule, applied once per distinct token."""
+    return property_check("flip_penalty", fn, _flip_cases(), _flip_property,
+                          hint="only two logits matter: the largest seen one and the largest unseen one; follow what "
+                               "the penalty does to the seen one as the penalty grows, for each sign")
