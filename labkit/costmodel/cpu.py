@@ -22,7 +22,7 @@ import os
 import platform
 import re
 
-__all__ = ["read_cpuinfo", "cpu_info", "describe", "differences", "provenance", "FLAGS", "ISA_EMULATION", "emulated_isa"]
+__all__ = ["read_cpuinfo", "last_level_cache_bytes", "cpu_info", "describe", "differences", "provenance", "FLAGS", "ISA_EMULATION", "emulated_isa"]
 
 # what the lab reports, by name: the /proc/cpuinfo flags that stand for it (any one of them)
 FLAGS = {
@@ -50,6 +50,31 @@ def read_cpuinfo() -> tuple[str, set]:
     name = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
     found = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
     return (name.group(1).strip() if name else model), (set(found.group(1).split()) if found else flags)
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the largest cache level CPU 0 reports (Linux sysfs), in bytes; None where it cannot be read.
+
+    One instance of that cache, as the kernel reports it (a VM reports what its hypervisor passes on).
+    """
+    import glob
+
+    best = None
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{d}/level") as f:
+                level = int(f.read())
+            with open(f"{d}/size") as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if not m:
+            continue
+        size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+        if best is None or (level, size) > best:
+            best = (level, size)
+    return None if best is None else best[1]
 
 
 def emulated_isa() -> str | None:

@@ -100,26 +100,33 @@ def cpu_flags(names=("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"
     return {n: n in have for n in names} if have else {}
 
 
-def bf16_product_rates(seconds: float = 0.3, out_features: int = 8192, in_features: int = 2048) -> dict:
+def bf16_product_rates(seconds: float = 0.3, out_features: int | None = None, in_features: int = 2048) -> dict:
     """GB/s of weight read by a one-row product x Wᵀ (batch-1 decode's product) in float32 and in bfloat16.
 
-    float32 W [N, K] and bfloat16 W [N, 2K] hold the same bytes (64 MiB by default: larger than the
-    caches, as a model's weights are): a product that streamed
-    bfloat16 as fast as float32 would take the same time. Returns float32_gb_s, bfloat16_gb_s
-    (equal bytes) and their ratio `bf16_vs_f32`: near 1 where the bf16 product is native, well below
-    where the product converts each weight to float32 first (a CPU without bf16 arithmetic).
+    float32 W [N, K] and bfloat16 W [N, 2K] hold the same bytes: a product that streamed bfloat16 as
+    fast as float32 would take the same time. By default N makes each matrix at least 4x this CPU's
+    last-level cache (`cpu.last_level_cache_bytes`) and at least 64 MiB, at most 1 GiB, so that the
+    weights stream from memory, as a model's do, rather than from the cache. Returns float32_gb_s,
+    bfloat16_gb_s (equal bytes), their ratio `bf16_vs_f32` (near 1 where the bf16 product streams as
+    fast per byte as float32, well below where it does not), `bytes` (of one matrix) and `llc_bytes`.
     """
     import torch
 
+    from labkit.costmodel.cpu import last_level_cache_bytes
+
     _check_seconds(seconds)
+    llc = last_level_cache_bytes()
+    if out_features is None:
+        want = min(max(64 * 2**20, 4 * (llc or 0)), 2**30)
+        out_features = -(-want // (4 * in_features)) if isinstance(in_features, int) and in_features > 0 else 0
     for name, v in (("out_features", out_features), ("in_features", in_features)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     g = torch.Generator().manual_seed(0)
-    w32 = torch.randn(out_features, in_features, generator=g)
-    w16 = torch.randn(out_features, 2 * in_features, generator=g).bfloat16()
+    w32 = torch.empty(out_features, in_features).uniform_(-1, 1, generator=g)  # uniform_: cheaper than randn
+    w16 = torch.empty(out_features, 2 * in_features, dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
     x32, x16 = torch.randn(1, in_features, generator=g), torch.randn(1, 2 * in_features, generator=g).bfloat16()
     nbytes = w32.numel() * 4
     f32 = _median_rate(lambda: torch.mm(x32, w32.t()), nbytes, seconds) / 1e9
     b16 = _median_rate(lambda: torch.mm(x16, w16.t()), nbytes, seconds) / 1e9
-    return {"float32_gb_s": f32, "bfloat16_gb_s": b16, "bf16_vs_f32": b16 / f32, "bytes": nbytes}
+    return {"float32_gb_s": f32, "bfloat16_gb_s": b16, "bf16_vs_f32": b16 / f32, "bytes": nbytes, "llc_bytes": llc}

@@ -30,7 +30,7 @@ from labkit.quant.calibrate import awq_blocks, gptq_blocks
 from labkit.quant.linear import QuantLinear, layout, packed_layout_problem
 from labkit.quant.rtn import quantize
 
-__all__ = ["quantize_model", "METHODS", "MODEL_BITS", "model_nbytes"]
+__all__ = ["quantize_model", "METHODS", "MODEL_BITS", "model_nbytes", "read_nbytes"]
 
 METHODS = ("rtn", "gptq", "awq")
 MODEL_BITS = (8, 4, 3)
@@ -151,12 +151,39 @@ def _tied(model) -> bool:
     return getattr(model, "lm_head", 1) is None and isinstance(getattr(model, "tok_embeddings", None), nn.Embedding)
 
 
-def model_nbytes(model: nn.Module) -> int:
-    """Bytes of weights one decode step reads: quantized layers' codes and scales, float linears, the head."""
+def read_nbytes(layer: nn.Module) -> int:
+    """Bytes of weights one product of `layer` reads in labkit, as it is built here (not what the format stores).
+
+    A packed `QuantLinear`: its packed codes and scales, as they sit in its buffers. A reference
+    `QuantLinear` (3 bits, per-channel int4): its codes (one int8 per weight), its scales and minimums,
+    and the float32 matrix it builds from them on every call. A `BlockLinear` with float activations: its
+    float32 copy (`dense`), the only weights its product touches; with int8 activations: its int8 codes
+    (one byte per weight, Q4_1 too) and its float32 d (and m). An `nn.Linear`: its weight.
+    """
+    if isinstance(layer, QuantLinear):
+        if layer.reference:
+            qt = layer.qt
+            stored = sum(t.numel() * t.element_size() for t in (qt.codes, qt.scale, qt.minimum) if t is not None)
+            return stored + layer.out_features * layer.in_features * 4
+        return sum(b.numel() * b.element_size() for b in (layer.codes, layer.scales))
+    if isinstance(layer, BlockLinear):
+        parts = (layer.dense,) if layer.dense is not None else (layer.codes, layer.d, layer.m)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+    if isinstance(layer, nn.Linear):
+        return layer.weight.numel() * layer.weight.element_size()
+    raise TypeError(f"layer must be a QuantLinear, BlockLinear or nn.Linear, got {type(layer).__name__}")
+
+
+def model_nbytes(model: nn.Module, read: bool = False) -> int:
+    """Bytes of weights of one decode step: every linear layer once, the LM head included.
+
+    By default what the formats store (codes and scales: `nbytes()` of each quantized layer); with
+    `read=True` what labkit's layers read as they are built (`read_nbytes`: float copies included).
+    """
     total = 0
     for m in model.modules():
         if isinstance(m, (QuantLinear, BlockLinear)):
-            total += m.nbytes()
+            total += read_nbytes(m) if read else m.nbytes()
         elif isinstance(m, nn.Linear):
             total += m.weight.numel() * m.weight.element_size()
     if _tied(model):

@@ -16,8 +16,9 @@ The element codecs:
 
 MX (OCP): shared exponent e = floor(log2(amax)) − emax (emax 2 for E2M1, 8 for E4M3), clamped
 to −127..127; each element is x / 2^e rounded to the element grid, saturating at its max.
-E2M1 rounds a tie to the value of smaller magnitude (0.75 -> 0.5, 5 -> 4), as ggml does
-(half-to-even would give 1 and 6); E4M3 rounds ties to even. NVFP4 (two levels): s_t = amax(tensor) / (6·448), block scale =
+E2M1 rounds a tie to the value of smaller magnitude (0.75 -> 0.5, 5 -> 4), as ggml does; half-to-even
+(to the code whose mantissa bit is 0) would agree at 5 -> 4 (4 is even, 6 odd) and differ at 0.75 -> 1
+(0.5 is odd, 1 even), and likewise at 0.25 -> 0 (not 0.5) and 2.5 -> 2. E4M3 rounds ties to even. NVFP4 (two levels): s_t = amax(tensor) / (6·448), block scale =
 UE4M3(amax(block) / 6 / s_t), element = E2M1(x / (block scale · s_t)).
 The MX exponent leaves amax / 2^e anywhere in [2^emax, 2^(emax+1)), above the element's max:
 E2M1 saturates [6, 8)·2^e to 6·2^e, E4M3 [448, 512)·2^e to 448·2^e. That clipping is the spec's.
