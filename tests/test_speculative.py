@@ -214,3 +214,17 @@ def test_auto_gamma_stops_drafting_where_it_cannot_pay_and_probes_now_and_then()
         g = good.next()
         good.update(g, g, 0.01 * g, cost(g + 1))
     assert g >= 2
+
+
+def test_reached_counts_the_rounds_that_tested_each_position():
+    import labkit
+    from labkit import speculative
+
+    target, tok = labkit.load("shakespeare")
+    draft, _ = labkit.load("shakespeare-draft")
+    out = speculative.generate(target, speculative.DraftModel(draft), tok, "ROMEO:\n", gamma=3, max_new_tokens=40)
+    accepted = [round(a * n) for a, n in zip(out.acceptance, out.proposed)]
+    assert out.reached[0] == out.proposed[0]  # position 1 is tested in every round that drafts
+    for i in range(1, len(out.reached)):  # position i + 1 is tested only after position i passed
+        assert out.reached[i] <= accepted[i - 1] and accepted[i] <= out.reached[i]
+    assert sum(accepted) == out.accepted and sum(out.reached) == out.tested

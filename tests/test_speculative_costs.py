@@ -50,15 +50,6 @@ def test_figures():
     assert list(acc.data[0].x) == [1, 2, 3]
 
 
-def test_checkers_pass_the_reference_and_catch_a_mistake(capsys):
-    assert exercises.check_expected_tokens(lambda a, g: g + 1.0 if a == 1 else (1 - a ** (g + 1)) / (1 - a))
-    assert not exercises.check_expected_tokens(lambda a, g: 1 + a * g)  # linear, not geometric
-    assert exercises.check_residual(lambda p, q: (p - q).clamp(min=0) / (p - q).clamp(min=0).sum())
-    assert not exercises.check_residual(lambda p, q: (p - q).abs() / (p - q).abs().sum())
-    out = capsys.readouterr().out
-    assert out.count("[PASS]") == 2 and out.count("[FAIL]") == 2
-
-
 def test_bad_arguments_are_named_not_answered_with_zero(tmp_path):
     from labkit.speculative import expected_tokens, generate
     from labkit.speculative.costs import predicted_speedup
@@ -118,3 +109,18 @@ def test_conditional_acceptance_separates_decay_from_reach():
     decaying = costs.conditional_acceptance([0.47, 0.16, 0.02, 0.0])
     assert decaying[0] == 0.47 and decaying[1] == pytest.approx(0.16 / 0.47) and decaying[3] == 0.0
     assert decaying[0] > decaying[1] > decaying[2]
+
+
+def test_acceptance_by_position_counts_rounds_and_the_verdict_needs_them():
+    from types import SimpleNamespace
+
+    from labkit.speculative.costs import acceptance_by_position, decay_verdict
+
+    run = SimpleNamespace(reached=[100, 50, 20], acceptance=[0.5, 0.4, 0.1], proposed=[100, 100, 100])
+    rows = acceptance_by_position(run, run)
+    assert [(r["reached"], r["accepted"]) for r in rows] == [(200, 100), (100, 80), (40, 20)]
+    assert rows[1]["rate"] == 0.8 and decay_verdict(rows) == "no change"  # 0.5 at both ends
+    falling = [{"reached": 200, "rate": 0.5, "stderr": 0.035}, {"reached": 40, "rate": 0.2, "stderr": 0.063}]
+    assert decay_verdict(falling) == "falls"
+    assert decay_verdict(falling, min_rounds=50) == "inconclusive"  # one position with enough rounds decides nothing
+    assert decay_verdict([{"reached": 30, "rate": 0.3, "stderr": 0.08}, {"reached": 25, "rate": 0.6, "stderr": 0.1}]) == "rises"

@@ -26,8 +26,9 @@ from labkit.speculative.decode import expected_tokens
 from labkit.speculative.mtp import MTPHead, head_step_s
 from labkit.speculative.verify import accept_sampled
 
-__all__ = ["target_pass_s", "relative_costs", "predicted_speedup", "round_overhead", "decomposition",
-           "conditional_acceptance", "first_token_counts", "measure_speedups"]
+__all__ = ["target_pass_s", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
+           "conditional_acceptance", "acceptance_by_position", "decay_verdict", "first_token_counts",
+           "measure_speedups"]
 
 
 @torch.inference_mode()
@@ -68,6 +69,25 @@ def relative_costs(target, draft=None, layers: int | None = None, ks=range(2, 10
     else:
         c = 0.0
     return c, t_rel
+
+
+@torch.inference_mode()
+def product_costs(layer, ks=range(1, 10), repeat: int = 20) -> dict:
+    """{k: t(k)/t(1)}: one weight product (`layer`, a linear module) over k rows against one row, nothing else.
+
+    The model's T(k) with the attention, norms and Python taken out: where the row of `relative_costs` jumps
+    at the same k as this one, the product's kernel is where the jump comes from."""
+    ks = sorted(set(ks) | {1})
+    x = torch.randn(max(ks), layer.in_features).to(getattr(layer, "act_dtype", None) or layer.weight.dtype)
+    times = {}
+    for k in ks * 2:  # the first sweep warms up, the second is kept
+        samples = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            layer(x[:k])
+            samples.append(time.perf_counter() - start)
+        times[k] = statistics.median(samples)
+    return {k: times[k] / times[1] for k in ks}
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict | None = None, overhead: float = 0.0) -> float:
@@ -128,6 +148,36 @@ def conditional_acceptance(acceptance: list[float]) -> list[float]:
         out.append(share / before if before > 0 else float("nan"))
         before = share
     return out
+
+
+def acceptance_by_position(*outs) -> list[dict]:
+    """Per draft position i, pooled over runs (`SpeculativeOutput`s): reached (rounds that proposed position i
+    with every position before it accepted), accepted, rate = accepted / reached (P(i accepted | i − 1
+    accepted)) and its standard error sqrt(rate·(1 − rate) / reached)."""
+    depth = max((len(o.reached) for o in outs), default=0)
+    rows = []
+    for i in range(depth):
+        reached = sum(o.reached[i] for o in outs if i < len(o.reached))
+        accepted = sum(round(o.acceptance[i] * o.proposed[i]) for o in outs if i < len(o.acceptance))
+        rate = accepted / reached if reached else float("nan")
+        rows.append({"position": i + 1, "reached": reached, "accepted": accepted, "rate": rate,
+                     "stderr": (rate * (1 - rate) / reached) ** 0.5 if reached else float("nan")})
+    return rows
+
+
+def decay_verdict(rows: list[dict], min_rounds: int = 20) -> str:
+    """What `acceptance_by_position` rows can decide: 'falls', 'rises', 'no change' (the first and the deepest
+    position with at least `min_rounds` rounds, 2 standard errors apart or not) or 'inconclusive' (fewer than
+    two positions with that many rounds)."""
+    usable = [r for r in rows if r["reached"] >= min_rounds]
+    if len(usable) < 2:
+        return "inconclusive"
+    first, last = usable[0], usable[-1]
+    diff = last["rate"] - first["rate"]
+    se = (first["stderr"] ** 2 + last["stderr"] ** 2) ** 0.5
+    if se == 0:  # both rates 0 or 1
+        return "no change" if diff == 0 else ("falls" if diff < 0 else "rises")
+    return "falls" if diff < -2 * se else "rises" if diff > 2 * se else "no change"
 
 
 def first_token_counts(p: torch.Tensor, q: torch.Tensor, n: int = 20000, seed: int = 0) -> torch.Tensor:

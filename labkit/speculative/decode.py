@@ -62,6 +62,7 @@ class SpeculativeOutput:
     accepted: int = 0  # of which accepted
     prefill_s: float = 0.0  # the prompt's pass and the first token (wall_s − prefill_s: the rounds)
     draft_s: float = 0.0  # seconds the drafter spent proposing, all rounds together
+    reached: list[int] = field(default_factory=list)  # per draft position: rounds that proposed it with all before accepted
 
     @property
     def alpha(self) -> float:
@@ -162,10 +163,11 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     """Generate with speculative decoding; `draft` is a model (same vocabulary) or a drafter object.
 
     `batch_invariant` (default on): the target's verification passes give each position the bits a one-token
-    step gives it (`labkit.model.kernels`), so greedy output does not depend on γ and equals plain greedy
-    decoding on the bf16, int8 and int4 targets bit for bit; a float32 plain step uses a matrix-vector kernel
-    whose last bits differ (~5e-5 in SmolLM2's logits), which only a near-tie can expose. Off: the fast
-    default kernels, and a near-tie may flip.
+    step gives it (`labkit.model.kernels`), so greedy output does not depend on γ. A one-token step takes the
+    same call with the switch or without as long as the model keeps its default product (`lean_step` on,
+    `split_matvec` off), so greedy output then equals plain greedy decoding bit for bit in every format; with
+    another plain product the last bits of the plain step differ, and only a near-tie can expose that. Off:
+    the fast default kernels, and a near-tie may flip.
     """
     return run_exact(target, batch_invariant, lambda: _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed,
                                                                 chat, sampling),
@@ -230,7 +232,7 @@ def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sam
     first = sample_next(logits, ids, params, gen)
     prefill_s = time.perf_counter() - t0
     history, out = ids + [first], [first]
-    proposed, accepted, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1  # per draft position
+    proposed, accepted, reached, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1
     tested, draft_s = 0, 0.0
     while len(out) < max_new_tokens and out[-1] != eos:
         g = schedule.next() if schedule else gamma
@@ -254,6 +256,7 @@ def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sam
         for i in range(len(drafted)):
             proposed[i] += 1
             accepted[i] += i < n
+            reached[i] += i <= n
         if schedule:
             schedule.update(len(drafted), n, d1 - d0, t1 - d1)
         gammas.append(len(drafted))
@@ -266,5 +269,5 @@ def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sam
         text=tok.decode([i for i in out if i != eos]), token_ids=out, prompt_ids=ids,
         acceptance=[accepted[i] / proposed[i] for i in range(depth)], proposed=proposed[:depth], gammas=gammas,
         target_calls=calls, draft_steps=getattr(drafter, "steps", 0), wall_s=wall, tested=tested,
-        accepted=sum(accepted), prefill_s=prefill_s, draft_s=draft_s)
+        accepted=sum(accepted), prefill_s=prefill_s, draft_s=draft_s, reached=reached[:depth])
     return result

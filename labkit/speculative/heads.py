@@ -17,8 +17,9 @@ prefill, nothing to roll back.
 **Parallel heads** (Medusa, Cai et al. 2024): n independent residual blocks on the last verified
 hidden state h_t; head i guesses the token i + 1 positions after the one the backbone predicts from
 h_t, without seeing the tokens in between. One draft step yields all n guesses, but each later
-guess is made blind to the earlier ones, so acceptance decays with the position faster than a
-chained head's, which sees its own previous guess.
+guess is made blind to the earlier ones, a reason for acceptance to fall with the position that a
+chained head, which sees its own previous guess, has less of (`costs.acceptance_by_position`
+measures it, with the rounds each position got).
 """
 from __future__ import annotations
 

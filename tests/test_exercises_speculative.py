@@ -1,0 +1,126 @@
+"""Chapter 07's checkers pass the reference answers and fail the plausible wrong ones."""
+import pytest
+import torch
+
+from labkit import exercises
+
+
+def residual(p, q):
+    r = (p - q).clamp(min=0)
+    return r / r.sum()
+
+
+def verify(p, q, draft, gen, *, accept=lambda px, qx, u: u < min(1.0, px / qx), replacement=residual, bonus_row=None):
+    gamma = draft.numel()
+    for i in range(gamma):
+        x = int(draft[i])
+        u = float(torch.rand((), generator=gen))
+        if not accept(float(p[i, x]), float(q[i, x]), u):
+            return i, int(torch.multinomial(replacement(p[i], q[i]), 1, generator=gen))
+    row = gamma if bonus_row is None else bonus_row(gamma)
+    return gamma, int(torch.multinomial(p[row], 1, generator=gen))
+
+
+WRONG_VERIFY = {
+    "residual without the clamp": lambda p, q, d, g: verify(p, q, d, g, replacement=lambda p, q: (p - q) / (p - q).sum()),
+    "resample from p, not the residual": lambda p, q, d, g: verify(p, q, d, g, replacement=lambda p, q: p),
+    "resample from q": lambda p, q, d, g: verify(p, q, d, g, replacement=lambda p, q: q),
+    "p/q unclipped, as a probability": lambda p, q, d, g: verify(
+        p, q, d, g, accept=lambda px, qx, u: bool(torch.bernoulli(torch.tensor(px / qx), generator=g))),
+    "accept with min(1, q/p)": lambda p, q, d, g: verify(
+        p, q, d, g, accept=lambda px, qx, u: px > 0 and u < min(1.0, qx / px)),
+    "accept with p(x) alone": lambda p, q, d, g: verify(p, q, d, g, accept=lambda px, qx, u: u < px),
+    "always accept": lambda p, q, d, g: verify(p, q, d, g, accept=lambda px, qx, u: True),
+    "forgets the bonus token (reuses the last draft row)": lambda p, q, d, g: verify(
+        p, q, d, g, bonus_row=lambda gamma: gamma - 1),
+    "returns the accepted count only": lambda p, q, d, g: verify(p, q, d, g)[0],
+}
+
+
+def test_verify_draft_passes_the_reference(capsys):
+    assert exercises.check_verify_draft(verify)
+    assert "[PASS]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_VERIFY))
+def test_verify_draft_fails_plausible_mistakes(mistake, capsys):
+    assert not exercises.check_verify_draft(WRONG_VERIFY[mistake])
+    assert "[FAIL]" in capsys.readouterr().out
+
+
+def test_verify_draft_passes_labkit_and_says_todo_for_the_stub(capsys):
+    from labkit.speculative import accept_sampled
+
+    assert exercises.check_verify_draft(lambda p, q, d, g: accept_sampled(p, q, d, g))
+
+    def stub(p, q, draft, generator):
+        raise NotImplementedError
+
+    assert not exercises.check_verify_draft(stub)
+    assert "[TODO]" in capsys.readouterr().out
+
+
+def right_tokens(alphas):
+    total, reach = 1.0, 1.0
+    for a in alphas:
+        reach *= a
+        total += reach
+    return total
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda alphas: 1 + sum(alphas),  # adds the rates: forgets that position i needs 1 .. i - 1 accepted
+    lambda alphas: right_tokens(alphas) - 1,  # forgets the target's own token
+    lambda alphas: (1 - (sum(alphas) / len(alphas)) ** (len(alphas) + 1)) / (1 - sum(alphas) / len(alphas))
+    if alphas and sum(alphas) < len(alphas) else len(alphas) + 1.0,  # the mean rate in the constant-α formula
+])
+def test_tokens_per_round(wrong, capsys):
+    assert exercises.check_tokens_per_round(right_tokens)
+    assert not exercises.check_tokens_per_round(wrong)
+    out = capsys.readouterr().out
+    assert "[PASS]" in out and "[FAIL]" in out
+
+
+def right_break_even(alpha, t_rel):
+    from labkit.speculative import expected_tokens
+
+    best = max((expected_tokens(alpha, k - 1) - t) / (k - 1) for k, t in t_rel.items())
+    return best if best > 0 else None
+
+
+def only_gamma_one(alpha, t_rel):
+    c = 1 + alpha - t_rel[2]
+    return c if c > 0 else None
+
+
+def off_by_one(alpha, t_rel):  # charges T(gamma) for a pass over gamma + 1 tokens
+    from labkit.speculative import expected_tokens
+
+    best = max((expected_tokens(alpha, k) - t) / k for k, t in t_rel.items())
+    return best if best > 0 else None
+
+
+def zero_not_none(alpha, t_rel):
+    return right_break_even(alpha, t_rel) or 0.0
+
+
+def undivided(alpha, t_rel):  # E - T is the saving of a whole round, not per drafted token
+    from labkit.speculative import expected_tokens
+
+    best = max(expected_tokens(alpha, k - 1) - t for k, t in t_rel.items())
+    return best if best > 0 else None
+
+
+@pytest.mark.parametrize("row", [{k: 1.0 + 0.05 * k for k in range(2, 10)},  # a flat-ish machine
+                                 {2: 1.53, 3: 1.88, 4: 2.07, 5: 2.21, 6: 1.71, 7: 1.86, 8: 2.19, 9: 2.30}])
+@pytest.mark.parametrize("wrong", [only_gamma_one, off_by_one, zero_not_none, undivided])
+def test_break_even_c_on_any_measured_row(row, wrong, capsys):
+    assert exercises.check_break_even_c(right_break_even, row)
+    assert not exercises.check_break_even_c(wrong, row)
+    out = capsys.readouterr().out
+    assert "[PASS]" in out and "[FAIL]" in out
+
+
+def test_break_even_c_names_a_bad_row():
+    with pytest.raises(ValueError, match="t_rel must be a measured row"):
+        exercises.check_break_even_c(right_break_even, {1: 1.0})
