@@ -146,8 +146,8 @@ def replay_disaggregated(prefill: Engine, decode: Engine, requests: list[Request
                          link_bytes_per_s: float = 12.5e9, max_steps: int = 100_000) -> tuple[Replay, dict]:
     """Serve `requests` with prompts on `prefill` and decoding on `decode`, KV sent between (module docstring).
 
-    `link_bytes_per_s`: the modelled link (default 12.5e9 B/s, 100 Gb/s Ethernet; NVLink is ~900e9,
-    InfiniBand NDR 50e9). Returns one `Replay` of every request and both engines' steps, and info:
+    `link_bytes_per_s`: the modelled link (default 12.5e9 B/s, 100 Gb/s Ethernet; NVLink on an H100 SXM is
+    450e9 each way, its 900e9 counts both directions; InfiniBand NDR 50e9). Returns one `Replay` of every request and both engines' steps, and info:
     `transfers` (one dict per request sent: id, kv_tokens, kv_bytes, wire_s (modelled), copy_s
     (measured), transfer_s, ready), `kv_bytes` and `transfer_s` in all, `link_bytes_per_s`, and
     `decode_prefill_rows` (rows of more than one token the decode engine ran: 0 unless it had to

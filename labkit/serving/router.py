@@ -5,7 +5,8 @@ arriving request to one of them. Round robin ignores what a request costs: two 1
 prompts can land on one replica while the other gets two greetings. The second seed article
 (§4.3) allocates by input length instead; here the router sends each request to the replica
 whose unfinished requests hold the least work, counted in tokens (prompt + expected reply), as
-vLLM's and SGLang's routers balance by queue length or pending tokens.
+vLLM's and SGLang's routers balance by queue length or pending tokens. The count is not decremented
+as a request progresses: until it finishes, a request counts its whole prompt + max_new_tokens.
 
     >>> r = Router(2, "least_work")
     >>> r.choose(Request(0, [1] * 100, 10), [0, 0]), r.choose(Request(1, [1] * 10, 10), [110, 0])

@@ -79,7 +79,7 @@ def prefill_interference(model, *, policy: str = "chunked", long_prompt: int = 1
     for r in running:
         engine.add(r)
     now = 0.0
-    for _ in range(6):  # let them prefill and decode a few tokens
+    while not all(len(r.output) >= 4 for r in running):  # every one prefilled (chunked: over several passes), decoding
         now = engine.step(now).end
     big = Request("long", list(source[64:64 + long_prompt]), 4, arrival=now)
     engine.add(big)
@@ -236,8 +236,8 @@ def disaggregation(model, *, n_running: int = 4, long_prompts: int = 2, long_pro
     prefix caching off: co-located, two data-parallel replicas (round robin) each running prefill and decode,
     with policy "continuous" and with "chunked" (token budget n_running + `chunk`); and disaggregated, one
     prefill-only engine and one decode-only (`labkit.serving.disagg`). Every pass is measured; the KV link is
-    modelled at `link_gb_s` GB/s (default 12.5: 100 Gb/s Ethernet, the slow end; NVLink is ~900), so price
-    other links with `kv_bytes_per_token` (in the cache's dtype: float32 here, half that in 16 bits).
+    modelled at `link_gb_s` GB/s (default 12.5: 100 Gb/s Ethernet, the slow end; NVLink on an H100 SXM is 450
+    each way, 900 both), so price other links with `kv_bytes_per_token` (in the cache's dtype: float32 here, half that in 16 bits).
 
     Returns, for "continuous", "chunked" and "disaggregated": the short requests' ITL p50 and p99 (every gap),
     `itl_during_p99_s` (their gaps overlapping a long prompt's [arrival, first token] on their replica; on the
