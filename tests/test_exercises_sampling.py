@@ -217,7 +217,19 @@ def answers_first_step_only(model, answers):  # masks the first step, then lets 
     return out
 
 
-@pytest.mark.parametrize("wrong", [answers_global, answers_first_step_only])
+def answers_by_position(model, answers):  # allows every answer's i-th token at step i, whatever the text so far
+    out = []
+    for a in answers:
+        p = 1.0
+        for i, t in enumerate(a):
+            probs = model(tuple(a[:i]))
+            allowed = {b[i] for b in answers if len(b) > i}
+            p *= float(probs[t]) / sum(float(probs[u]) for u in allowed)
+        out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("wrong", [answers_global, answers_first_step_only, answers_by_position])
 def test_masked_answer_probs_rejects(wrong, capsys):
     assert_checker_separates("check_masked_answer_probs", _reference_answer_probs, wrong, capsys)
 
@@ -229,3 +241,14 @@ def test_stubs_print_todo(capsys):
     for name in ["check_top_p", "check_flip_penalty", "check_allowed_tokens", "check_masked_answer_probs"]:
         assert not getattr(labkit.exercises, name)(stub)
     assert capsys.readouterr().out.count("[TODO]") == 4
+
+
+def test_allowed_tokens_accepts_any_sequence_of_ids(capsys):
+    """A right answer returned as a tensor or a tuple passes; the order still matters."""
+    as_tensor = lambda *a: torch.tensor(_reference_allowed(*a))  # noqa: E731
+    as_tuple = lambda *a: tuple(_reference_allowed(*a))  # noqa: E731
+    reversed_order = lambda *a: list(reversed(_reference_allowed(*a)))  # noqa: E731
+    assert labkit.exercises.check_allowed_tokens(as_tensor)
+    assert labkit.exercises.check_allowed_tokens(as_tuple)
+    assert not labkit.exercises.check_allowed_tokens(reversed_order)
+    assert capsys.readouterr().out.count("[PASS]") == 2
