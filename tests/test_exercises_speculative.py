@@ -21,7 +21,32 @@ def verify(p, q, draft, gen, *, accept=lambda px, qx, u: u < min(1.0, px / qx), 
     return gamma, int(torch.multinomial(p[row], 1, generator=gen))
 
 
+def verify_counting_every_pass(p, q, draft, gen):  # tests every draft and counts the passes, not the prefix
+    passed, first_reject = 0, None
+    for i, x in enumerate(draft.tolist()):
+        if float(torch.rand((), generator=gen)) < min(1.0, float(p[i, x] / q[i, x])):
+            passed += 1
+        elif first_reject is None:
+            first_reject = int(torch.multinomial(residual(p[i], q[i]), 1, generator=gen))
+    if first_reject is None:
+        return passed, int(torch.multinomial(p[len(draft)], 1, generator=gen))
+    return passed, first_reject
+
+
+def verify_replacing_from_the_last_rejection(p, q, draft, gen):  # keeps going; the replacement of the last rejection
+    n, nxt = None, None
+    for i, x in enumerate(draft.tolist()):
+        if float(torch.rand((), generator=gen)) >= min(1.0, float(p[i, x] / q[i, x])):
+            n = i if n is None else n
+            nxt = int(torch.multinomial(residual(p[i], q[i]), 1, generator=gen))
+    if n is None:
+        return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=gen))
+    return n, nxt
+
+
 WRONG_VERIFY = {
+    "does not stop at the first rejection (counts every pass)": verify_counting_every_pass,
+    "does not stop at the first rejection (the last rejection's replacement)": verify_replacing_from_the_last_rejection,
     "residual without the clamp": lambda p, q, d, g: verify(p, q, d, g, replacement=lambda p, q: (p - q) / (p - q).sum()),
     "resample from p, not the residual": lambda p, q, d, g: verify(p, q, d, g, replacement=lambda p, q: p),
     "resample from q": lambda p, q, d, g: verify(p, q, d, g, replacement=lambda p, q: q),

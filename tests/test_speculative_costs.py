@@ -119,7 +119,7 @@ def test_acceptance_by_position_counts_rounds_and_the_verdict_needs_them():
     run = SimpleNamespace(reached=[100, 50, 20], acceptance=[0.5, 0.4, 0.1], proposed=[100, 100, 100])
     rows = acceptance_by_position(run, run)
     assert [(r["reached"], r["accepted"]) for r in rows] == [(200, 100), (100, 80), (40, 20)]
-    assert rows[1]["rate"] == 0.8 and decay_verdict(rows) == "no change"  # 0.5 at both ends
+    assert rows[1]["rate"] == 0.8 and decay_verdict(rows) == "no change detected"  # 0.5 at both ends
     falling = [{"reached": 200, "rate": 0.5, "stderr": 0.035}, {"reached": 40, "rate": 0.2, "stderr": 0.063}]
     assert decay_verdict(falling) == "falls"
     assert decay_verdict(falling, min_rounds=50) == "inconclusive"  # one position with enough rounds decides nothing

@@ -2,7 +2,8 @@
 and the draft cost at which drafting stops paying on a measured T(k) row.
 
 `check_verify_draft` tests properties of the learner's sampler, not its outputs case by case: a draft equal to
-the target is never rejected, a token the target gives zero probability is always rejected, the first emitted
+the target is never rejected, a token the target gives zero probability is always rejected, the round stops at
+its first rejection (with the replacement from that position's residual), the first emitted
 token follows the target (a chi-squared test with a fixed seed, beside a negative control: the same counts
 against the draft's distribution), and a round whose drafts all pass adds a bonus token from the last row.
 """
@@ -68,7 +69,23 @@ def check_verify_draft(fn, trials: int = 4000) -> Verdict:
                 print("       hint: p(x) / q(x) = 0 rejects always; the replacement comes from the residual "
                       "norm(max(0, p - q)), which is zero wherever p is")
                 return Verdict(False)
-        # 3. the first emitted token follows the target, whatever the draft (gamma = 1)
+        # 3. the round stops at the first rejection: position 1 always passes (q = p), position 2 always fails
+        # (p(0) = 0), position 3 would pass half the time; what comes back is 1 accepted and a token of position 2's
+        # residual ({2, 3}), never a count that includes position 3 or a token of its residual ({0, 1})
+        p = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.0, 0.0, 0.5, 0.5], [0.3, 0.3, 0.4, 0.0], [0.25, 0.25, 0.25, 0.25]],
+                         dtype=torch.float64)
+        q = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.6, 0.0, 0.2, 0.2], [0.1, 0.1, 0.8, 0.0]], dtype=torch.float64)
+        for _ in range(100):
+            draft = torch.tensor([int(torch.multinomial(q[0], 1, generator=gen)), 0, 2])
+            n, nxt = _call(fn, p, q, draft, gen)
+            if n != 1 or nxt not in (2, 3):
+                print(f"[FAIL] {name}: drafts {draft.tolist()}: position 1 always passes (q = p), position 2 always "
+                      f"fails (p(0) = 0), so the round must return accepted = 1 and a token of position 2's residual "
+                      f"(2 or 3); it returned accepted = {n}, next_token = {nxt}")
+                print("       hint: stop at the first rejection: later drafts were guessed after a token the target "
+                      "refused, and the replacement comes from that position's residual")
+                return Verdict(False)
+        # 4. the first emitted token follows the target, whatever the draft (gamma = 1)
         p = torch.stack([_TARGET, torch.full((6,), 1 / 6, dtype=torch.float64)])
         counts = torch.zeros(6, dtype=torch.long)
         for _ in range(trials):
@@ -85,7 +102,7 @@ def check_verify_draft(fn, trials: int = 4000) -> Verdict:
             return Verdict(False)
         if vs_q <= _CHI2_CRIT[5]:  # the negative control: these counts must be far from the draft's distribution
             raise AssertionError("the chi-squared test cannot tell the target from the draft at this sample size")
-        # 4. all drafts accepted: the bonus token comes from the last row of p
+        # 5. all drafts accepted: the bonus token comes from the last row of p
         bonus_row = torch.tensor([0.05, 0.05, 0.10, 0.15, 0.25, 0.40], dtype=torch.float64)
         p = torch.stack([_TARGET, _POOR_DRAFT, bonus_row])
         bonus = torch.zeros(6, dtype=torch.long)
@@ -109,7 +126,7 @@ def check_verify_draft(fn, trials: int = 4000) -> Verdict:
         print("       hint: probabilities must be non-negative (clamp p - q at zero) and a probability above 1 "
               "is not one (min(1, p/q))")
         return Verdict(False)
-    print(f"[PASS] {name}: q = p never rejected, p(x) = 0 always rejected, first token distributed as the target "
+    print(f"[PASS] {name}: q = p never rejected, p(x) = 0 always rejected, the round stops at the first rejection, first token distributed as the target "
           "(chi-squared test at p = 1e-4, which rejects the draft's distribution), bonus token from the last row.")
     return Verdict(True)
 

@@ -166,9 +166,10 @@ def acceptance_by_position(*outs) -> list[dict]:
 
 
 def decay_verdict(rows: list[dict], min_rounds: int = 20) -> str:
-    """What `acceptance_by_position` rows can decide: 'falls', 'rises', 'no change' (the first and the deepest
-    position with at least `min_rounds` rounds, 2 standard errors apart or not) or 'inconclusive' (fewer than
-    two positions with that many rounds)."""
+    """What `acceptance_by_position` rows can decide: 'falls', 'rises', 'no change detected' (the first and the
+    deepest position with at least `min_rounds` rounds, 2 standard errors apart or not: within them, a change
+    smaller than the counts can resolve is not ruled out) or 'inconclusive' (fewer than two positions with that
+    many rounds)."""
     usable = [r for r in rows if r["reached"] >= min_rounds]
     if len(usable) < 2:
         return "inconclusive"
@@ -176,8 +177,8 @@ def decay_verdict(rows: list[dict], min_rounds: int = 20) -> str:
     diff = last["rate"] - first["rate"]
     se = (first["stderr"] ** 2 + last["stderr"] ** 2) ** 0.5
     if se == 0:  # both rates 0 or 1
-        return "no change" if diff == 0 else ("falls" if diff < 0 else "rises")
-    return "falls" if diff < -2 * se else "rises" if diff > 2 * se else "no change"
+        return "no change detected" if diff == 0 else ("falls" if diff < 0 else "rises")
+    return "falls" if diff < -2 * se else "rises" if diff > 2 * se else "no change detected"
 
 
 def first_token_counts(p: torch.Tensor, q: torch.Tensor, n: int = 20000, seed: int = 0) -> torch.Tensor:
