@@ -131,3 +131,49 @@ def test_step_bytes_fails_plausible_mistakes(wrong, capsys):
 def test_step_bytes_reports_a_stub(capsys):
     assert not exercises.check_step_bytes(lambda kind, o, i: stub(None))
     assert "[TODO]" in capsys.readouterr().out
+
+
+def ggml_convention(x):  # llama.cpp's reference: 1/d multiplied, floor(v + 0.5), d = 0 for a constant block, int64 codes
+    if x.numel() % 32:
+        raise ValueError("whole blocks")
+    b = x.reshape(-1, 32).float()
+    lo, hi = b.amin(1), b.amax(1)
+    d = (hi - lo) / 15
+    inv = torch.where(d > 0, 1 / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    codes = torch.floor((b - lo[:, None]) * inv[:, None] + 0.5).clamp(max=15).to(torch.int64)
+    return codes, d, lo
+
+
+def anchored_at_max(x):  # the same grid described from the top: m = max - 15 d, codes counted from there
+    if x.numel() % 32:
+        raise ValueError("whole blocks")
+    b = x.reshape(-1, 32).float()
+    lo, hi = b.amin(1), b.amax(1)
+    d = (hi - lo) / 15
+    m = hi - 15 * d
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    return torch.round((b - m[:, None]) / safe[:, None]).clamp(0, 15).to(torch.int32), d[:, None], m[:, None]
+
+
+@pytest.mark.parametrize("other", [ggml_convention, anchored_at_max])
+def test_q4_1_roundtrip_accepts_other_valid_conventions(other, capsys):
+    assert exercises.check_q4_1_roundtrip(other)
+    assert "[PASS]" in capsys.readouterr().out
+
+
+def float_scales_for_int4(kind, out_features, in_features):  # the packed int4 layer's scales taken as float32
+    n = out_features * in_features
+    if kind in ("int4 g64 packed", "int4 g128 packed"):
+        return n // 2 + n // int(kind.split()[1][1:]) * 2 * 4
+    return step_bytes(kind, out_features, in_features)
+
+
+def stored_plus_copy_for_nvfp4(kind, out_features, in_features):  # the codes counted on top of the float32 copy
+    n = out_features * in_features
+    return n * 9 // 16 + 4 * n if kind == "NVFP4" else step_bytes(kind, out_features, in_features)
+
+
+@pytest.mark.parametrize("wrong", [float_scales_for_int4, stored_plus_copy_for_nvfp4])
+def test_step_bytes_fails_more_mistakes(wrong, capsys):
+    assert not exercises.check_step_bytes(wrong)
+    assert "[FAIL]" in capsys.readouterr().out

@@ -2,7 +2,9 @@
 
 Q4_1 stores each group of 32 weights as codes q ∈ 0..15 with a float16 step d and minimum m,
 w = d·q + m: exactly the asymmetric group-32 format of `labkit.quant.QuantLinear`, so the
-codes, steps and minimums go to the kernel as they are, with nothing rounded again. The
+codes go to the kernel as they are; the kernel holds each group's step and offset in the
+activations' dtype: float32 activations keep the file's float16 steps exactly, bfloat16 ones
+round many of them once more (chapter 06 counts how many). The
 tied embedding is Q8_0 (int8 codes, one step per 32 weights); its rows are looked up in
 float32 (one row per token), and as the LM head (the largest matrix, 21 % of the bytes)
 it is either kept in float32 (`head="float32"`: the file's values exactly) or re-expressed
