@@ -54,6 +54,16 @@ def test_equal_time_prompt_separates(wrong, capsys):
     assert_checker_separates("check_equal_time_prompt", equal_right, wrong, capsys)
 
 
+def test_equal_time_prompt_accepts_whole_tokens(capsys):
+    """The longest prompt in whole tokens is as right as the exact length; one token short or over is not."""
+    import math
+
+    assert_checker_separates("check_equal_time_prompt", lambda *a: math.floor(equal_right(*a)),
+                             lambda *a: math.floor(equal_right(*a)) - 1, capsys)
+    assert not exercises.check_equal_time_prompt(lambda *a: math.ceil(equal_right(*a)) + (equal_right(*a) % 1 == 0))
+    assert not exercises.check_equal_time_prompt(lambda *a: None)   # not a number: a [FAIL], not a crash
+
+
 # --- the measured half -------------------------------------------------------------------------------
 
 def metrics_right(request_time, token_times):
@@ -130,3 +140,17 @@ def test_a_stub_prints_todo(name, capsys):
 
     assert not getattr(exercises, name)(stub)
     assert "[TODO]" in capsys.readouterr().out
+
+
+def test_ttft_prediction_accepts_a_clamped_fit(capsys):
+    """A fit that drops a negative P² term (noise, not attention) is as right on the checker's laws."""
+    def clamped(rows, p):
+        x = [r["prompt_len"] for r in rows]
+        y = [r["ttft_s"] for r in rows]
+        fit = np.polyfit(x, y, 2)
+        if fit[0] < 0:
+            fit = np.r_[0.0, np.polyfit(x, y, 1)]
+        return float(np.polyval(fit, p))
+
+    assert exercises.check_ttft_prediction(clamped)
+    assert "[PASS]" in capsys.readouterr().out
