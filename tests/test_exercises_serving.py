@@ -25,6 +25,18 @@ def _admission(queue, free_blocks, block_size, slots=lambda p, m: p + max(m - 1,
     return admitted
 
 
+def _pooled_admission(queue, free_blocks, block_size):
+    # "admit while the slots fit in the free slots": forgets that blocks are not shared between requests
+    admitted, room = 0, free_blocks * block_size
+    for p, m in queue:
+        need = p + max(m - 1, 0)
+        if need > room:
+            break
+        room -= need
+        admitted += 1
+    return admitted
+
+
 def _chunked_ttft(prompt_len, remaining, token_budget, pass_cost, *, finish=True, budget_for_decodes=True,
                   full_last=False):
     left, remaining, t = prompt_len, list(remaining), 0.0
@@ -56,6 +68,7 @@ def _one_pass_plus_decodes(prompt_len, remaining, token_budget, pass_cost):
     ("check_kv_admission", _admission, lambda q, f, b: _admission(q, f, b, fits=lambda n, free: n < free)),
     ("check_kv_admission", _admission,
      lambda q, f, b: _admission(q, f, b, slots=lambda p, m: (p + max(m - 1, 0)) // b * b + b)),   # one block too many
+    ("check_kv_admission", _admission, _pooled_admission),
     ("check_critical_batch", _critical_batch, lambda F, BW, W, N, kv: W * F / (2 * N * BW)),                   # no KV
     ("check_critical_batch", _critical_batch, lambda F, BW, W, N, kv: W / (2 * N * BW / F - kv)),  # no inf case
     ("check_critical_batch", _critical_batch,

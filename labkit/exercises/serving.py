@@ -42,6 +42,7 @@ def check_kv_admission(fn) -> bool:
         ([], 10, 16),                              # nothing waiting
         ([(8, 8)], 0, 16),                         # no free blocks
         ([(300, 213), (1, 1)], 32, 16),            # 512 slots: exactly 32 blocks, none left for the next
+        ([(10, 1), (10, 1), (10, 1)], 2, 16),      # 30 slots would fit in 32, but each request needs a block of its own
     ]
     return check("kv_admission", fn, _reference_kv_admission, cases,
                  hint="count the slots a request can ever fill (which generated token is never fed back into the "
