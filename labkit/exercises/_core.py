@@ -87,6 +87,33 @@ def check(
     return Verdict(True)
 
 
+def run_steps(name: str, fn: Callable, steps: list[Callable], *, hint: str = "", passed: str = "") -> "Verdict":
+    """The loop every property checker shares: run each `step(fn)` in turn, stop at the first failure.
+
+    A step calls the learner's function itself and returns None when its property holds, else the
+    lines that say why (a string). Prints [TODO] for a stub that raises NotImplementedError, the first
+    [FAIL] with `hint`, or [PASS] with `passed` (default: how many checks held); returns the Verdict.
+    An exception from the learner's function is reported as a failure, not raised.
+    """
+    if not callable(fn):
+        raise TypeError(f"{name}: expected a function, got {type(fn).__name__}")
+    for i, step in enumerate(steps, start=1):
+        try:
+            why = step(fn)
+        except NotImplementedError:
+            print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
+            return Verdict(False)
+        except Exception as exc:  # the learner's bug (or a result of the wrong shape), reported, not raised
+            why = f"check {i}/{len(steps)} raised {type(exc).__name__}: {exc}"
+        if why:
+            print(f"[FAIL] {name}: {why}")
+            if hint:
+                print(f"       hint: {hint}")
+            return Verdict(False)
+    print(f"[PASS] {name}: {passed or f'all {len(steps)} checks hold.'}")
+    return Verdict(True)
+
+
 class Verdict:
     """The outcome of a checker: truthy when every case passed; shows nothing in a notebook."""
 

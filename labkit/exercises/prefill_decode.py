@@ -8,42 +8,35 @@ from __future__ import annotations
 
 import math
 
-from labkit.exercises._core import Verdict
+from labkit.exercises._core import Verdict, run_steps
 
 __all__ = ["check_stream_metrics", "check_ttft_prediction"]
 
 
 def run_properties(name: str, fn, properties, hint: str = "") -> Verdict:
-    """Run `fn` on each property's arguments; print [TODO], the first [FAIL] (with `hint`), or [PASS].
+    """Run `fn` on each property's arguments, through `run_steps`.
 
     properties: (label, args, test) triples; `test(result)` returns True when the property holds. A test
     given as the exception class `ValueError` means: `fn(*args)` must raise it.
     """
-    if not callable(fn):
-        raise TypeError(f"{name}: expected a function, got {type(fn).__name__}")
-    for i, (label, args, test) in enumerate(properties, start=1):
+    def step(f, i, label, args, test):
+        where = f"property {i}/{len(properties)}"
         try:
-            result = fn(*args)
-        except NotImplementedError:
-            print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
-            return Verdict(False)
-        except Exception as exc:  # the learner's bug, reported, not raised
-            if test is ValueError and isinstance(exc, ValueError):
-                continue
-            print(f"[FAIL] {name}: property {i}/{len(properties)} ({label}) raised {type(exc).__name__}: {exc}")
-            return Verdict(False)
+            result = f(*args)
+        except ValueError:
+            if test is ValueError:
+                return None
+            raise
+        if test is ValueError:
+            return f"{where} does not hold: {label}\n       got: {result!r}"[:300]
         try:
-            ok = test is not ValueError and bool(test(result))
+            ok = bool(test(result))
         except Exception:  # a result of the wrong shape
             ok = False
-        if not ok:
-            print(f"[FAIL] {name}: property {i}/{len(properties)} does not hold: {label}")
-            print(f"       got: {result!r}"[:300])
-            if hint:
-                print(f"       hint: {hint}")
-            return Verdict(False)
-    print(f"[PASS] {name}: all {len(properties)} properties hold.")
-    return Verdict(True)
+        return None if ok else f"{where} does not hold: {label}\n       got: {result!r}"[:300]
+
+    steps = [(lambda f, i=i, p=p: step(f, i, *p)) for i, p in enumerate(properties, start=1)]
+    return run_steps(name, fn, steps, hint=hint, passed=f"all {len(properties)} properties hold.")
 
 
 def _close(a, b, tol: float = 1e-9) -> bool:

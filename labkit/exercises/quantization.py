@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.exercises._core import Verdict, check
+from labkit.exercises._core import Verdict, check, run_steps
 
 __all__ = ["check_q4_1_roundtrip", "check_step_bytes"]
 
@@ -17,24 +17,11 @@ BLOCK = 32
 
 
 def _run(name: str, fn, properties, hint: str) -> Verdict:
-    """Each property: (label, test(fn) -> bool). Print [TODO], the first [FAIL] with `hint`, or [PASS]."""
-    if not callable(fn):
-        raise TypeError(f"{name}: expected a function, got {type(fn).__name__}")
-    for i, (label, test) in enumerate(properties, start=1):
-        try:
-            ok = bool(test(fn))
-        except NotImplementedError:
-            print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
-            return Verdict(False)
-        except Exception as exc:  # the learner's bug (or a result of the wrong shape), reported, not raised
-            print(f"[FAIL] {name}: property {i}/{len(properties)} ({label}) raised {type(exc).__name__}: {exc}")
-            return Verdict(False)
-        if not ok:
-            print(f"[FAIL] {name}: property {i}/{len(properties)} does not hold: {label}")
-            print(f"       hint: {hint}")
-            return Verdict(False)
-    print(f"[PASS] {name}: all {len(properties)} properties hold.")
-    return Verdict(True)
+    """Each property: (label, test(fn) -> bool), run by `run_steps`."""
+    steps = [(lambda f, label=label, test=test, i=i:
+              None if test(f) else f"property {i}/{len(properties)} does not hold: {label}")
+             for i, (label, test) in enumerate(properties, start=1)]
+    return run_steps(name, fn, steps, hint=hint, passed=f"all {len(properties)} properties hold.")
 
 
 def _deq(out, n: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from labkit.exercises._core import Verdict, _short
+from labkit.exercises._core import Verdict, _short, run_steps
 
 __all__ = ["check_top_p", "check_flip_penalty"]
 
@@ -20,31 +20,15 @@ __all__ = ["check_top_p", "check_flip_penalty"]
 def property_check(name: str, fn: Callable, cases: list[tuple], prop: Callable, hint: str = "") -> Verdict:
     """Run `fn(*case)` on each case and `prop(case, result)`: None when the result is right, else why not.
 
-    Prints [TODO] for a stub that raises NotImplementedError, the first failing case with its reason,
-    or a pass line; returns the Verdict.
+    The loop is `run_steps`'; a failure names the case, its input and what came back.
     """
-    if not callable(fn):
-        raise TypeError(f"{name}: expected a function, got {type(fn).__name__}")
-    for i, case in enumerate(cases, start=1):
-        try:
-            got = fn(*copy.deepcopy(case))
-        except NotImplementedError:
-            print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
-            return Verdict(False)
-        except Exception as exc:  # the learner's bug, reported, not raised
-            print(f"[FAIL] {name}: case {i}/{len(cases)} raised {type(exc).__name__}: {exc}")
-            print(f"       input: {_short(case)}")
-            return Verdict(False)
+    def step(f, i, case):
+        got = f(*copy.deepcopy(case))
         why = prop(case, got)
-        if why:
-            print(f"[FAIL] {name}: case {i}/{len(cases)}: {why}")
-            print(f"       input: {_short(case)}")
-            print(f"       got:   {_short(got)}")
-            if hint:
-                print(f"       hint: {hint}")
-            return Verdict(False)
-    print(f"[PASS] {name}: all {len(cases)} cases hold every property.")
-    return Verdict(True)
+        return why and f"case {i}/{len(cases)}: {why}\n       input: {_short(case)}\n       got:   {_short(got)}"
+
+    steps = [(lambda f, i=i, case=case: step(f, i, case)) for i, case in enumerate(cases, start=1)]
+    return run_steps(name, fn, steps, hint=hint, passed=f"all {len(cases)} cases hold every property.")
 
 
 # ---- 1. top-p, checked by what the nucleus is -----------------------------------------------------
