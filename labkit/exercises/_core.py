@@ -61,30 +61,24 @@ def check(
     Arguments are deep-copied for each call, so a function that mutates its input
     cannot corrupt the reference's view of the case.
     """
-    if not callable(fn):
-        raise TypeError(f"{name}: expected a function, got {type(fn).__name__}")
     cases = list(cases)
-    for i, case in enumerate(cases, start=1):
-        expected = reference(*copy.deepcopy(case))
+    expected = [reference(*copy.deepcopy(case)) for case in cases]  # a broken reference raises here
+
+    def step(f, i, case, want):
         try:
-            got = fn(*copy.deepcopy(case))
+            got = f(*copy.deepcopy(case))
         except NotImplementedError:
-            print(f"[TODO] {name}: not implemented yet - replace the `raise NotImplementedError` with your code.")
-            return Verdict(False)
+            raise
         except Exception as exc:  # the learner's bug, reported, not raised
-            print(f"[FAIL] {name}: case {i}/{len(cases)} raised {type(exc).__name__}: {exc}")
-            print(f"       input: {_short(case)}")
-            return Verdict(False)
-        if not compare(expected, got):
-            print(f"[FAIL] {name}: case {i}/{len(cases)}")
-            print(f"       input:    {_short(case)}")
-            print(f"       expected: {_short(expected)}")
-            print(f"       got:      {_short(got)}")
-            if hint:
-                print(f"       hint: {hint}")
-            return Verdict(False)
-    print(f"[PASS] {name}: all {len(cases)} cases match the reference.")
-    return Verdict(True)
+            return f"case {i}/{len(cases)} raised {type(exc).__name__}: {exc}\n       input: {_short(case)}"
+        if compare(want, got):
+            return None
+        return (f"case {i}/{len(cases)}\n       input:    {_short(case)}\n       expected: {_short(want)}\n"
+                f"       got:      {_short(got)}")
+
+    steps = [(lambda f, i=i, case=case, want=want: step(f, i, case, want))
+             for i, (case, want) in enumerate(zip(cases, expected), start=1)]
+    return run_steps(name, fn, steps, hint=hint, passed=f"all {len(cases)} cases match the reference.")
 
 
 def run_steps(name: str, fn: Callable, steps: list[Callable], *, hint: str = "", passed: str = "") -> "Verdict":
