@@ -13,6 +13,19 @@ def _kv_memory(text: str):
     return value if 0 < value < 1 else int(value)
 
 
+def _spec_budget(text: str):
+    """A speculation budget by name, checked here so that a bad value is an argparse error naming the flag."""
+    import argparse
+
+    from labkit.serving.budget import spec_budget
+
+    try:
+        spec_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("spec_budget must be", "must be")) from None
+    return text
+
+
 def add_parser(sub):
     from labkit.serving.server import DEFAULT_KV_MEMORY
 
@@ -39,6 +52,11 @@ def add_parser(sub):
                    "ended (default: %(default)s)")
     p.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask for "
                    "(default: %(default)s)")
+    p.add_argument("--speculative", default=None, choices=["prompt-lookup"],
+                   help="draft tokens and verify them in the batched passes (default: no speculation)")
+    p.add_argument("--spec-budget", type=_spec_budget, default="auto",
+                   help="drafted tokens verified per request and pass: off, fixed:N, vllm:B[:N] (none from B running "
+                        "requests) or auto (from measured acceptance and pass cost; default: %(default)s)")
     return p
 
 
@@ -46,15 +64,19 @@ def run(args, ready=None) -> int:
     import labkit
     from labkit.serving.server import Server
 
+    from labkit.speculative import PromptLookup
+
     model, tok = labkit.load(args.model, dtype=args.dtype)
+    drafter = PromptLookup() if args.speculative == "prompt-lookup" else None
     server = Server(model, tok, args.model, host=args.host, port=args.port, allow_remote=args.allow_remote,
                     kv_memory=args.kv_memory, max_waiting=args.max_waiting, request_timeout=args.request_timeout,
                     max_tokens_limit=args.max_tokens_limit, policy=args.policy, max_batch=args.max_batch,
                     token_budget=args.token_budget, block_size=args.block_size, num_blocks=args.kv_blocks,
-                    prefix_cache=args.prefix_cache)
+                    prefix_cache=args.prefix_cache, drafter=drafter, spec_budget=args.spec_budget)
     url = server.start()
     print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
-          f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}) at {url}", flush=True)
+          f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}"
+          f"{f', speculation {args.speculative} ({args.spec_budget})' if drafter else ''}) at {url}", flush=True)
     print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
           f"-d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'", flush=True)
     stop = ready if ready is not None else threading.Event()

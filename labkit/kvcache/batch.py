@@ -28,7 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from labkit.kvcache.base import KVCache, causal_mask
+from labkit.kvcache.base import KVCache, attention, causal_mask
 from labkit.kvcache.blocks import BlockPool, BlockTables
 
 __all__ = ["BlockTables", "PagedBatch"]  # BlockTables lives in blocks.py; named here for the scheduler
@@ -56,6 +56,7 @@ class PagedBatch(KVCache):
         self.keys, self.values = pool.keys, pool.values  # token-major: see labkit.kvcache.blocks
         self.block_size = block_size
         self._rows: list[tuple] | None = None
+        self._keep: list[int] = []
         self._pass: dict | None = None
 
     # ---- sequences --------------------------------------------------------------------
@@ -97,8 +98,11 @@ class PagedBatch(KVCache):
         self.values[:, blocks, offsets] = values.to(self.dtype)
         self.tables.commit(key, n)
 
-    def plan(self, rows) -> None:
-        """The sequences of the next forward pass and their new tokens: [(key, n_new), ...]."""
+    def plan(self, rows, logits: dict | None = None) -> None:
+        """The sequences of the next forward pass and their new tokens: [(key, n_new), ...].
+
+        `logits` {key: m}: with `last_only`, that row gives the logits of its last m tokens, not its last one
+        (a speculative row: the last emitted token and its m − 1 drafted tokens, verified together)."""
         rows = [(key, n) for key, n in rows]
         if not rows:
             raise ValueError("rows must name at least one (sequence, n_new) pair, got none")
@@ -112,7 +116,12 @@ class PagedBatch(KVCache):
                                  f"context window of {self.config.max_seq_len}")
         if len({key for key, _ in rows}) != len(rows):
             raise ValueError("each sequence may appear only once in a pass")
-        self._rows = rows
+        keep = dict(logits or {})
+        for key, m in keep.items():
+            n = dict(rows).get(key)
+            if n is None or not isinstance(m, int) or not 1 <= m <= n:
+                raise ValueError(f"logits of sequence {key!r} must be an integer in [1, its {n} new tokens], got {m!r}")
+        self._rows, self._keep = rows, [keep.get(key, 1) for key, _ in rows]
 
     @property
     def last_index(self) -> torch.Tensor:
@@ -142,8 +151,10 @@ class PagedBatch(KVCache):
         positions = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends)]).to(dev)  # [N]
         padded = self.pool.table_tensor([key for key, _ in self._rows])  # [S, width], short tables padded with block 0
         row_of_token = torch.repeat_interleave(torch.arange(len(counts), device=dev), torch.tensor(counts, device=dev))
+        if any(m > 1 for m in self._keep):  # rows that keep their last m tokens' logits
+            last = torch.cat([torch.arange(int(i) - m + 1, int(i) + 1) for i, m in zip(last, self._keep)]).to(dev)
         p = {"write": (padded[row_of_token, positions // bs], positions % bs),  # block and slot of each new token
-             "last": last, "table": padded, "prefill": [], "decode": None}
+             "last": last, "starts": starts, "counts": counts, "table": padded, "prefill": [], "decode": None}
         decode = [i for i, n in enumerate(counts) if n == 1]
         if decode:  # one padded call for all decoding rows; the padding (and block 0 standing in) is masked
             keys_at = torch.arange(math.ceil(max(ends[i] for i in decode) / bs) * bs, device=dev)
@@ -186,6 +197,26 @@ class PagedBatch(KVCache):
             out[:, :, start:start + n] = F.scaled_dot_product_attention(
                 q[:, :, start:start + n], kp, vp, attn_mask=mask, enable_gqa=Hq != H)
         return out.transpose(1, 2).reshape(-1, Hq * D)
+
+    def attend_alone(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> torch.Tensor:
+        """`attend` with every query alone over the keys its sequence holds up to it (the batch-invariant mode).
+
+        A query at position t of a sequence takes the one-query call over that sequence's first t + 1 keys,
+        whatever the other rows of the pass, how many tokens its own row brings, or whether they are a prompt
+        chunk, a decode or drafted tokens being verified: its bits depend on its keys alone (T calls, not one)."""
+        p = self._pass
+        keys, values = self.keys[layer], self.values[layer]
+        blocks, offsets = p["write"]
+        keys[blocks, offsets] = k[0]
+        values[blocks, offsets] = v[0]
+        out, token = [], 0
+        for row, (start, n) in enumerate(zip(p["starts"], p["counts"])):
+            table = p["table"][row: row + 1, : math.ceil((start + n) / self.block_size)]
+            kr, vr = (self.pool.gather(store, table) for store in (keys, values))  # [1, Hkv, nb·bs, D]
+            for i in range(n):
+                out.append(attention(q[:, token + i: token + i + 1], kr[:, :, :start + i + 1], vr[:, :, :start + i + 1]))
+            token += n
+        return torch.cat(out)
 
     def end(self) -> None:
         if self._n_new is None:

@@ -144,6 +144,20 @@ class BlockTables:
     def commit(self, key, n_new: int) -> None:
         self.lengths[key] += n_new
 
+    def truncate(self, key, length: int) -> None:
+        """Keep the first `length` committed tokens of `key`: blocks past them go back (rejected drafted tokens).
+
+        A block registered in the prefix cache is never dropped: registration covers verified tokens only."""
+        bs, registered = self.block_size, self._hashed.get(key, (0, b""))[0]
+        if not isinstance(length, int) or not registered * bs <= length <= self.lengths[key]:
+            raise ValueError(f"length must be an integer in [{registered * bs}, {self.lengths[key]}] for sequence "
+                             f"{key!r}, got {length!r}")
+        table = self.tables[key]
+        for block in table[math.ceil(length / bs):]:
+            self.manager.decref(block)
+        del table[math.ceil(length / bs):]
+        self.lengths[key] = length
+
     def free(self, key) -> None:
         """Give back every block of `key` and forget it (a finished or preempted sequence)."""
         for block in self.tables.pop(key):

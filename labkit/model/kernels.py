@@ -163,9 +163,12 @@ def attend_rows(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     lets it see, in slot order: a tree node gets the bits a one-token step on its own path gets
     once the path sits in consecutive slots. A prompt's pass (into an empty cache, or of more
     than `INVARIANT_MAX_ROWS` tokens) and kinds that attend their own way take the usual single
-    call, so the switch never changes how a prompt is read.
+    call, so the switch never changes how a prompt is read. A packed serving batch (`attend_alone`)
+    gives every query of a pass of up to `INVARIANT_MAX_ROWS` tokens its own one-query call.
     """
     T = q.shape[1]
+    if T <= INVARIANT_MAX_ROWS and hasattr(cache, "attend_alone"):  # a packed batch: each query alone, one-token bits
+        return cache.attend_alone(layer, q, k, v, rope)
     if T == 1 or T > INVARIANT_MAX_ROWS or type(cache).attend is not KVCache.attend:
         return cache.attend(layer, q, k, v, rope)
     keys, values, mask = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2), rope)

@@ -224,7 +224,7 @@ class Transformer(nn.Module):
                                  f"of {self.config.max_seq_len} tokens")
             rope = self.rope
             x = self.embed(ids.reshape(-1))  # [B·T, d_model]
-            with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T)):  # a prompt, as read
+            with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T and not cache.packed)):  # a prompt
                 for block in self.layers if n_layers is None else self.layers[:n_layers]:
                     x = block(x, rope, positions, cache, B)
                 if last_only and T > 1:  # a packed batch keeps each of its rows' last token

@@ -1,6 +1,7 @@
 """Serving many users: requests (`request`), batching policies (`scheduler`), the engine over a packed
 paged KV cache (`engine`), seeded traces and their metrics (`trace`), routing requests across data-parallel
-replicas (`router`), an OpenAI-style HTTP endpoint
+replicas (`router`), speculation inside the engine (`speculate`: drafts verified in the packed pass, rolled back in
+the paged store; `budget`: how many drafted tokens each request verifies per pass), an OpenAI-style HTTP endpoint
 (`server`), tensor / data parallelism and prefill-decode disaggregation on two processes (`parallel`), and
 disaggregated prefill replayed on a prefill engine and a decode engine, the KV cache moved between (`disagg`).
 

@@ -16,14 +16,17 @@ on this machine, while a trace with long pauses still runs in seconds.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from labkit.kvcache.batch import PagedBatch
+from labkit.model.kernels import batch_invariant as invariant
 from labkit.sampling.pipeline import sample_next
 from labkit.serving.request import Request, Status
 from labkit.serving.scheduler import Scheduler
+from labkit.serving.speculate import Speculator
 
 __all__ = ["Engine", "Step", "Replay", "run_trace", "PassFailed"]
 
@@ -56,6 +59,8 @@ class Step:
     kv_reserved: int        # slots a cache that preallocates each running request's exact prompt + reply would hold
     n_running: int = 0      # requests running after the step
     prompt_tokens: int = 0  # their prompts' tokens (with n_running: what reserving prompt + max_tokens each would hold)
+    drafted: int = 0        # drafted tokens the pass verified (speculation), of its n_tokens
+    accepted: int = 0       # of which accepted
 
     @property
     def n_tokens(self) -> int:
@@ -87,11 +92,18 @@ class Engine:
     `max_batch` requests of the whole context). `prefix_cache` (on by default, as in vLLM and
     nano-vllm): every full block a request computes is kept under the hash of its tokens, and a
     later request that starts with the same blocks reuses them instead of prefilling them again.
+
+    `drafter` (a `labkit.speculative` drafter, e.g. `PromptLookup()`) turns speculation on, with
+    `spec_budget` deciding per pass how many drafted tokens each request verifies ("off", "fixed:N",
+    "vllm:B[:N]", "auto" or a `labkit.serving.budget.SpecBudget`; see `labkit.serving.speculate`).
+    `batch_invariant`: every pass of up to 16 tokens gives each row the bits it gets alone (the model's
+    switch, and each query attending alone), so a request's greedy reply does not depend on what shares its
+    passes: with drafts or without, under any load.
     """
 
     def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
                  block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, drafter=None, spec_budget="auto", batch_invariant: bool = False):
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -103,6 +115,10 @@ class Engine:
                                 device=model.device)
         self.scheduler = Scheduler(self.cache.tables, policy=policy, max_batch=max_batch, token_budget=token_budget,
                                    context=model.config.max_seq_len, max_wait_s=max_wait_s, prefix_cache=prefix_cache)
+        if not isinstance(batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+        self.speculator = None if drafter is None else Speculator(drafter, spec_budget)
+        self.batch_invariant = batch_invariant
         self.steps: list[Step] = []
         self.listeners: dict = {}  # request id -> callable(request, token) (the server streams through it)
 
@@ -111,7 +127,15 @@ class Engine:
         return self.scheduler.policy
 
     def add(self, req: Request, listener=None) -> None:
-        """Queue `req`; `listener(req, token)` hears each token, then `listener(req, None)` when it ends."""
+        """Queue `req`; `listener(req, token)` hears each token, then `listener(req, None)` when it ends.
+
+        ValueError, naming it, for a prompt token outside the vocabulary or an id already queued or running."""
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"request {req.id!r}: prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if any(r.id == req.id for r in self.scheduler.running) or any(r.id == req.id for r in self.scheduler.waiting):
+            raise ValueError(f"request id {req.id!r} is already queued or running; ids must be unique")
         self.scheduler.add(req)
         if listener is not None:
             self.listeners[req.id] = listener
@@ -125,30 +149,61 @@ class Engine:
         a request whose own sampling fails (bad parameters for these logits) ends alone, with
         finish_reason "rejected", and the pass goes on for the others.
         """
+        if self.speculator is not None:
+            self.speculator.draft(self.scheduler)
         rows = self.scheduler.schedule(now, draining)
         if not rows:
             return None
         t0 = time.perf_counter()
         try:
             ids = [t for req, n in rows for t in req.next_tokens(n)]
-            self.cache.plan([(req.id, n) for req, n in rows])
-            logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache, last_only=True)[0]
+            self.cache.plan([(req.id, n) for req, n in rows], logits={req.id: n for req, n in rows if req.draft})
+            with invariant(self.model) if self.batch_invariant else nullcontext():
+                logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache, last_only=True)[0]
             if torch.isnan(logits).any():
                 raise ValueError("the model produced NaN logits; refusing to sample")
         except Exception as exc:
             raise PassFailed([req for req, _ in rows], exc) from exc
+        if self.speculator is not None:
+            self.speculator.budget.observe_pass(len(ids), time.perf_counter() - t0)
         if self.scheduler.prefix_cache:  # the blocks this pass filled, findable by later requests
             for req, _ in rows:
                 self.cache.tables.register_full(req.id, req.tokens)
         end = now + (time.perf_counter() - t0) if clock is None else clock()
-        for (req, n), row_logits in zip(rows, logits.float()):
+        logits, at, drafted, accepted = logits.float(), 0, 0, 0
+        for req, n in rows:
+            k = len(req.draft)
+            row_logits, at = logits[at:at + k + 1], at + k + 1
+            if k:  # drafted tokens: verify, keep what was accepted, roll the rest back
+                try:
+                    n_ok, token = self.speculator.verify(req, row_logits)
+                except (ValueError, RuntimeError) as exc:
+                    self.abort(req, "rejected", f"sampling failed: {exc}", end)
+                    continue
+                req.n_cached += 1 + n_ok
+                req.steps.append((len(self.steps), n))
+                self.cache.tables.truncate(req.id, req.n_cached)
+                drafted, accepted = drafted + k, accepted + n_ok
+                self._emit(req, list(zip(req.draft[:n_ok] + [token], row_logits)), end)
+                continue
             if not req.advance(n, len(self.steps)):
                 continue  # a prompt chunk: no token yet
             try:
-                token = self._choose(req, row_logits)
+                token = self._choose(req, row_logits[0])
             except (ValueError, RuntimeError) as exc:  # this request's parameters: it fails alone
                 self.abort(req, "rejected", f"sampling failed: {exc}", end)
                 continue
+            self._emit(req, [(token, row_logits[0])], end)
+        step = Step.after(len(self.steps), now, end, rows, self.scheduler)
+        step.drafted, step.accepted = drafted, accepted
+        self.steps.append(step)
+        for req, _ in rows:
+            req.draft, req.draft_q = [], None
+        return step
+
+    def _emit(self, req: Request, tokens: list, end: float) -> None:
+        """Give `req` its new tokens [(token, the logits it came from)] until it is done; tell its listener."""
+        for token, row_logits in tokens:
             if req.logprobs is not None:
                 req.token_logprobs.append(_logprobs(row_logits, token, req.logprobs))
             done = self.scheduler.emit(req, token, end)
@@ -157,9 +212,8 @@ class Engine:
                 listener(req, token)
                 if done:
                     self.listeners.pop(req.id)(req, None)
-        step = Step.after(len(self.steps), now, end, rows, self.scheduler)
-        self.steps.append(step)
-        return step
+            if done:
+                return
 
     @staticmethod
     def _choose(req: Request, row_logits: torch.Tensor) -> int:

@@ -15,6 +15,7 @@ Names follow vLLM's where there is an equivalent (`vllm:num_requests_running` is
 | `labkit:request_success_total{finished_reason}` | counter | requests that ended normally ("stop", "length") |
 | `labkit:num_requests_aborted_total{reason}` | counter | ended early ("abort": client left, "timeout", "rejected": its parameters could not sample, "error") |
 | `labkit:num_requests_rejected_total` | counter | refused with 429 (queue full) |
+| `labkit:spec_decode_num_draft_tokens_total` / `_accepted_tokens_total` | counter | drafted tokens verified / accepted (speculation) |
 
 Each server has its own registry, so two servers in one process never mix their counts.
 """
@@ -49,12 +50,16 @@ class ServerMetrics:
         self.success = Counter("labkit:request_success", "Requests that ended normally.", ["finished_reason"], registry=r)
         self.aborted = Counter("labkit:num_requests_aborted", "Requests ended early.", ["reason"], registry=r)
         self.rejected = Counter("labkit:num_requests_rejected", "Requests refused because the queue was full.", registry=r)
+        self.drafted = Counter("labkit:spec_decode_num_draft_tokens", "Drafted tokens verified.", registry=r)
+        self.accepted = Counter("labkit:spec_decode_num_accepted_tokens", "Drafted tokens accepted.", registry=r)
 
     def finished(self, req) -> None:
         """A request ended (any reason): count its tokens and latencies."""
         self.prompt_tokens.inc(len(req.prompt))
         self.cached_tokens.inc(min(req.cached_tokens, len(req.prompt)))
         self.generation_tokens.inc(len(req.output))
+        self.drafted.inc(req.drafted)
+        self.accepted.inc(req.accepted)
         if req.ttft is not None:
             self.ttft.observe(req.ttft)
         for gap in req.itls:

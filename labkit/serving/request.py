@@ -52,6 +52,11 @@ class Request:
     constraint: object = None      # a labkit.sampling.constrained.Constraint: the reply's format (None: free text)
     cached_tokens: int = 0         # tokens found in the prefix cache when it was (last) admitted (a preempted
                                    # request readmitted may find its own output there too)
+    draft: list = field(default_factory=list)  # drafted tokens this pass verifies after the last one (speculation)
+    draft_q: object = None         # their draft probabilities [len(draft), V] (None: proposed deterministically)
+    drafted: int = 0               # drafted tokens verified, all passes together
+    accepted: int = 0              # of which accepted
+    tested: int = 0                # of which looked at: the accepted ones and each pass's first rejected one
 
     def __post_init__(self):
         if not isinstance(self.prompt, list) or not self.prompt or not all(isinstance(t, int) for t in self.prompt):
@@ -86,7 +91,8 @@ class Request:
         return self.n_cached >= len(self.prompt)
 
     def next_tokens(self, n: int) -> list[int]:
-        return self.tokens[self.n_cached:self.n_cached + n]
+        """The n tokens a pass runs for this request: its uncached tokens, then its drafted ones."""
+        return (self.tokens + self.draft)[self.n_cached:self.n_cached + n]
 
     def advance(self, n: int, step: int) -> bool:
         """Pass `step` ran n more of this request's tokens: True when that caught it up (its logits give a token)."""

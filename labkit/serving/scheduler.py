@@ -119,7 +119,7 @@ class Scheduler:
         """Recompute-preemption: free the blocks, back to the front of the queue."""
         self.running.remove(req)
         self.blocks.free(req.id)
-        req.n_cached, req.status = 0, Status.WAITING
+        req.n_cached, req.status, req.draft = 0, Status.WAITING, []
         req.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(req)
@@ -186,6 +186,9 @@ class Scheduler:
         rows, budget = [], self.token_budget
         for req in self.running:
             n = req.n_uncached
+            if n == 1 and req.draft:  # drafted tokens: the whole reply's blocks are reserved already
+                del req.draft[max(0, budget - 1):]
+                n += len(req.draft)
             if n > budget:
                 break
             rows.append((req, n))
@@ -241,7 +244,9 @@ class Scheduler:
         return rows
 
     def _decode_running(self, budget: int) -> list[tuple[Request, int]]:
-        """One token for every running request that has its whole prompt cached (oldest first)."""
+        """One token for every running request that has its whole prompt cached (oldest first), and its drafted
+        tokens if it carries some (speculation) while the budget and the free blocks allow: a draft is cut short
+        rather than preempt anyone."""
         rows = []
         for req in list(self.running):
             if req not in self.running or not req.prefilled or req.n_uncached != 1 or budget == 0:
@@ -249,7 +254,18 @@ class Scheduler:
             if self._make_room(req, 1):
                 rows.append((req, 1))
                 budget -= 1
-        return [(r, n) for r, n in rows if r in self.running]
+        out = []
+        for req, n in rows:
+            if req not in self.running:
+                continue
+            if req.draft:
+                del req.draft[budget:]  # the budget left after every decode's own token
+                while req.draft and not self.blocks.can_reserve(req.id, 1 + len(req.draft)):
+                    req.draft.pop()
+                self.blocks.reserve(req.id, 1 + len(req.draft))
+                budget -= len(req.draft)
+            out.append((req, 1 + len(req.draft)))
+        return out
 
     def _make_room(self, req: Request, n: int) -> bool:
         """Reserve blocks for n more tokens of `req`, preempting the newest requests if needed."""

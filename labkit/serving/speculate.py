@@ -1,0 +1,85 @@
+"""Speculation inside the serving engine: drafts for decoding requests, verified in the engine's packed pass.
+
+Before a pass, every running request that decodes (its prompt cached, one token to run) asks the
+drafter for tokens that may follow (`labkit.speculative` drafters: `PromptLookup`, a
+`DraftModel`), and the budget (`labkit.serving.budget`) says how many of them go into the pass.
+The scheduler gives such a request a row of 1 + k tokens (its last emitted token, then its k
+drafted ones, before any prompt chunk: vLLM v1's order), and the pass keeps the logits of all
+k + 1 positions of that row (`PagedBatch.plan(rows, logits=...)`). Verification is
+`labkit.speculative.verify`'s: greedy requests accept the drafted tokens the target's argmax
+agrees with, sampled ones accept x with probability min(1, p(x)/q(x)) and draw the first
+rejected position from the residual, each request with its own sampling parameters, penalties
+and seed. Every emitted token is therefore the target's: greedy replies are token for token those
+of the engine without drafts (with `Engine(batch_invariant=True)`, where each row of a pass of up
+to 16 tokens gets the bits it gets alone), and sampled replies are exact in distribution.
+
+Rejected tokens are rolled back in the one paged store: the request's committed length is cut
+to what was verified and the blocks past it go back to the pool (`BlockTables.truncate`); the
+prefix cache registers blocks of the request's verified tokens only (its `tokens` never hold a
+draft). A request under a format constraint, or one whose next token ends its reply, never drafts.
+"""
+from __future__ import annotations
+
+import torch
+
+from labkit.sampling import process_logits
+from labkit.serving.budget import SpecBudget, spec_budget
+from labkit.speculative.verify import accept_greedy, accept_sampled
+
+__all__ = ["Speculator"]
+
+
+class Speculator:
+    """A `drafter` (an object with `propose(history, gamma, params, generator)`) and a budget (see the module doc)."""
+
+    def __init__(self, drafter, budget: str | SpecBudget = "auto"):
+        if not hasattr(drafter, "propose"):
+            raise TypeError(f"drafter must have propose(history, gamma, params, generator) (labkit.speculative."
+                            f"PromptLookup(), DraftModel(model)), got {type(drafter).__name__}")
+        if hasattr(drafter, "attach"):
+            raise ValueError(f"{type(drafter).__name__} drafts on the target's own cache; the serving engine's "
+                             "packed cache is shared by every request: use PromptLookup or a DraftModel")
+        self.drafter, self.budget = drafter, spec_budget(budget)
+        self.drafted = self.accepted = 0
+
+    def draft(self, scheduler) -> None:
+        """Give every decoding request the drafted tokens the budget lets it verify in the next pass."""
+        for req in list(scheduler.running) + list(scheduler.waiting):
+            req.draft, req.draft_q = [], None
+        if self.budget.gamma_max == 0:
+            return
+        ready = [r for r in scheduler.running if r.prefilled and r.n_uncached == 1 and r.constraint is None]
+        found = []
+        for req in ready:
+            room = min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1)
+            if room > 0:
+                tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
+                if tokens:
+                    found.append((req, list(tokens)[:room], q))
+        if not found:
+            return
+        riding = 0 if scheduler.policy in ("static", "continuous") else min(
+            scheduler.token_budget - len(ready),
+            sum(r.n_uncached for r in scheduler.running if not r.prefilled) + sum(len(r.prompt) for r in scheduler.waiting))
+        ks = self.budget.choose([(req, len(t)) for req, t, _ in found], batch=len(scheduler.running),
+                                riding=max(0, riding))
+        for (req, tokens, q), k in zip(found, ks):
+            req.draft, req.draft_q = tokens[:k], (None if q is None or not k else q[:k])
+
+    def verify(self, req, logits: torch.Tensor) -> tuple[int, int]:
+        """(drafted tokens accepted, the target's token after them) for `req`'s row: logits [k + 1, V]."""
+        draft = req.draft
+        history = req.penalty_history
+        processed = torch.stack([process_logits(logits[i], history + draft[:i], req.params)
+                                 for i in range(len(draft) + 1)])
+        tokens = torch.tensor(draft, dtype=torch.long)
+        if req.params.greedy:
+            n, nxt = accept_greedy(processed, tokens)
+        else:
+            q = None if req.draft_q is None else req.draft_q[:len(draft)]
+            n, nxt = accept_sampled(torch.softmax(processed, -1), q, tokens, req.generator)
+        req.drafted, req.accepted = req.drafted + len(draft), req.accepted + n
+        req.tested += n + (n < len(draft))
+        self.drafted, self.accepted = self.drafted + len(draft), self.accepted + n
+        self.budget.observe(req, len(draft), n)
+        return n, nxt

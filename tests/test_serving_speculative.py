@@ -1,0 +1,337 @@
+"""Speculation inside the serving engine: greedy replies equal the engine's without drafts under every budget;
+sampled replies are exact in distribution (and a wrong verifier is caught); rolled-back drafts leak no block and
+never reach the prefix cache; the budget policies decide as derived."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import labkit
+from labkit.kvcache.blocks import BlockTables, hash_block
+from labkit.model import ModelConfig
+from labkit.model.transformer import Transformer
+from labkit.serving import Engine, Request
+from labkit.serving.budget import BatchCap, Fixed, LoadAware, Off, spec_budget
+from labkit.speculative import DraftModel, PromptLookup
+from tests.test_serving import block_invariants
+
+CFG = ModelConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=128)
+
+
+def _peaked(seed: int) -> Transformer:
+    """A random tiny model whose next-token distributions are far from uniform (its LM head scaled up), so that
+    drafts are sometimes accepted and a biased verifier shows."""
+    torch.manual_seed(seed)
+    model = Transformer(CFG).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _peaked(0)
+
+
+@pytest.fixture(scope="module")
+def shakespeare():
+    return labkit.load("shakespeare")
+
+
+def _requests(tok):
+    text = ("ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
+            "Arise, fair sun, and kill the envious moon, who is already sick and pale with grief. ") * 3
+    src = tok.encode(text)
+    return [Request(i, src[i * 7: i * 7 + 30 + 5 * i], 24, arrival=0.01 * i) for i in range(5)]
+
+
+# ---- greedy: token for token the engine without drafts ---------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked"])
+def test_greedy_replies_equal_the_engine_without_drafts_under_every_budget(shakespeare, policy):
+    model, tok = shakespeare
+    kw = dict(policy=policy, max_batch=4, token_budget=16 if policy == "chunked" else 96, batch_invariant=True)
+    plain = Engine(model, **kw).replay(_requests(tok))
+    want = [r.output for r in plain.requests]
+    flat = LoadAware(cost=lambda rows: 1.0)  # a flat pass cost: the load-aware budget drafts everything it can
+    for budget in ("off", "fixed:3", "vllm:3", "auto", flat):
+        engine = Engine(model, drafter=PromptLookup(), spec_budget=budget, **kw)
+        replay = engine.replay(_requests(tok))
+        assert [r.output for r in replay.requests] == want, budget
+        assert engine.cache.tables.n_free == engine.cache.tables.num_blocks, f"{budget}: a block leaked"
+        drafted = sum(s.drafted for s in replay.steps)
+        assert (drafted == 0) == (budget == "off"), budget
+        assert drafted == sum(r.drafted for r in replay.requests)
+        assert sum(s.accepted for s in replay.steps) == sum(r.accepted for r in replay.requests) <= drafted
+    assert sum(r.accepted for r in replay.requests) > 0, "the trace must accept some drafts to test anything"
+
+
+# ---- rollback: no block leaked, the prefix cache holds verified tokens only ------------------------------
+
+
+class RandomDrafter:
+    """Drafts random tokens (almost all rejected): the rollback path taken at nearly every pass."""
+
+    def __init__(self, seed: int):
+        self.g = torch.Generator().manual_seed(seed)
+
+    def propose(self, history, gamma, params=None, generator=None):
+        n = int(torch.randint(0, gamma + 1, (), generator=self.g))
+        return torch.randint(0, CFG.vocab_size, (n,), generator=self.g).tolist(), None
+
+
+def _books_match_the_requests(engine: Engine) -> None:
+    tables = engine.cache.tables
+    block_invariants(engine.scheduler)
+    for req in engine.scheduler.running:  # nothing drafted stays: each holds its verified tokens' blocks only
+        if req.n_cached:
+            assert tables.lengths[req.id] == req.n_cached
+            held, bs = len(tables.tables[req.id]), tables.block_size
+            if engine.policy == "static":  # the whole reply is reserved up front, drafts never go past it
+                assert held <= -(-req.max_len // bs)
+            else:
+                assert held == -(-req.n_cached // bs), "a rolled-back block is held"
+
+
+@settings(max_examples=25, deadline=None)
+@given(policy=st.sampled_from(["static", "continuous", "orca", "chunked"]), num_blocks=st.integers(10, 30),
+       max_batch=st.integers(1, 5), gamma=st.integers(1, 6), seed=st.integers(0, 1000),
+       lengths=st.lists(st.tuples(st.integers(1, 20), st.integers(1, 12)), min_size=1, max_size=7))
+def test_drafted_and_rolled_back_tokens_leak_no_block(tiny, policy, num_blocks, max_batch, gamma, seed, lengths):
+    src = [t % CFG.vocab_size for t in range(3, 40)]
+    reqs = [Request(i, src[i:i + p], r, arrival=0.001 * i) for i, (p, r) in enumerate(lengths)]
+    drafter = RandomDrafter(seed) if seed % 2 else PromptLookup()
+    engine = Engine(tiny, policy=policy, max_batch=max_batch, token_budget=32, block_size=4, num_blocks=num_blocks,
+                    drafter=drafter, spec_budget=f"fixed:{gamma}")
+    if any(-(-r.max_len // 4) > num_blocks for r in reqs):
+        return
+    step = engine.step
+
+    def checked(now=0.0, draining=False, clock=None):
+        ran = step(now, draining, clock)
+        _books_match_the_requests(engine)
+        return ran
+
+    engine.step = checked
+    engine.replay(reqs)
+    assert engine.cache.tables.n_free == num_blocks and not engine.cache.tables.tables
+    assert all(len(r.output) == r.max_new_tokens for r in reqs)
+
+
+def test_the_prefix_cache_registers_verified_tokens_only(tiny):
+    src = [t % CFG.vocab_size for t in range(3, 60)]
+    reqs = [Request(i, src[:20 + i], 14) for i in range(4)]
+    engine = Engine(tiny, policy="chunked", max_batch=4, token_budget=32, block_size=4, num_blocks=40,
+                    drafter=RandomDrafter(1), spec_budget="fixed:5")
+    engine.replay(reqs)
+    assert sum(r.drafted - r.accepted for r in reqs) > 20  # plenty was rolled back
+    verified = set()
+    for r in reqs:  # every chained block hash of every request's verified tokens
+        parent = b""
+        for i in range(len(r.tokens) // 4):
+            parent = hash_block(parent, r.tokens[4 * i: 4 * i + 4])
+            verified.add(parent)
+    registered = set(engine.cache.tables.manager.hash_to_block)
+    assert registered and registered <= verified
+
+
+def test_truncate_gives_blocks_back_and_refuses_to_cut_registered_blocks():
+    tables = BlockTables(8, 4)
+    tables.add("a")
+    tables.reserve("a", 10)
+    tables.commit("a", 10)
+    tables.register_full("a", list(range(10)))  # blocks 0 and 1 are full and registered
+    tables.truncate("a", 9)
+    assert len(tables.tables["a"]) == 3 and tables.n_free == 5
+    tables.truncate("a", 8)
+    assert len(tables.tables["a"]) == 2 and tables.n_free == 6 and tables.lengths["a"] == 8
+    with pytest.raises(ValueError, match=r"length must be an integer in \[8, 8\]"):
+        tables.truncate("a", 7)
+
+
+# ---- sampled: exact in distribution ---------------------------------------------------------------------
+
+
+def _marginals(model, prompt: list[int], steps: int) -> list[torch.Tensor]:
+    """The exact distribution of each of the first `steps` tokens sampled at temperature 1 (all paths enumerated)."""
+    V = CFG.vocab_size
+    seqs, weights, out = [list(prompt)], torch.ones(1), []
+    with torch.inference_mode():
+        for _ in range(steps):
+            p = torch.softmax(model(torch.tensor(seqs))[:, -1].double(), -1)  # [paths, V]
+            joint = weights[:, None] * p
+            out.append(joint.sum(0))
+            seqs = [s + [x] for s in seqs for x in range(V)]
+            weights = joint.reshape(-1)
+    return out
+
+
+def _sampled_counts(model, drafter, prompt, n=2500, steps=3):
+    engine = Engine(model, policy="chunked", max_batch=64, token_budget=256, block_size=8, num_blocks=400,
+                    drafter=drafter, spec_budget="fixed:2")
+    reqs = [Request(i, list(prompt), steps, seed=1000 + i, params={"temperature": 1.0}) for i in range(n)]
+    engine.replay(reqs)
+    counts = torch.zeros(steps, CFG.vocab_size, dtype=torch.float64)
+    for r in reqs:
+        for j, t in enumerate(r.output):
+            counts[j, t] += 1
+    return counts, sum(r.accepted for r in reqs), sum(r.drafted for r in reqs)
+
+
+def _chi2(counts: torch.Tensor, p: torch.Tensor) -> tuple[float, int]:
+    """χ² of counts against p, bins with fewer than 5 expected merged into one; (statistic, degrees of freedom)."""
+    expected = p * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+
+
+CHI2_999 = {d: q for d, q in zip(range(1, 17), (10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88,
+                                                  29.59, 31.26, 32.91, 34.53, 36.12, 37.70, 39.25))}
+
+
+@pytest.fixture(scope="module")
+def draft_tiny():
+    return _peaked(1)
+
+
+def _own_prompt(model) -> list[int]:
+    """The model's own greedy text from token 1: it repeats itself, so prompt lookup's drafts are often accepted."""
+    seq = [1]
+    with torch.inference_mode():
+        for _ in range(15):
+            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    return seq
+
+
+@pytest.mark.parametrize("kind", ["prompt-lookup", "draft-model"])
+def test_sampled_replies_are_exact_in_distribution(tiny, draft_tiny, kind):
+    prompt = _own_prompt(tiny)
+    drafter = PromptLookup() if kind == "prompt-lookup" else DraftModel(draft_tiny)
+    counts, accepted, drafted = _sampled_counts(tiny, drafter, prompt)
+    assert drafted > 100 and 0 < accepted < drafted  # drafts accepted and rejected: both paths taken
+    for j, p in enumerate(_marginals(tiny, prompt, counts.shape[0])):
+        stat, dof = _chi2(counts[j], p)
+        assert stat < CHI2_999[dof], (j, stat, dof)
+
+
+def test_the_chi2_test_catches_a_verifier_that_forgets_the_residual(tiny, draft_tiny, monkeypatch):
+    import labkit.serving.speculate as speculate
+
+    def wrong(p, q, draft, generator):  # after a rejection, draw from p itself: biased towards the drafted token
+        for i in range(draft.numel()):
+            x = int(draft[i])
+            qx = 1.0 if q is None else float(q[i, x])
+            if float(torch.rand((), generator=generator)) >= min(1.0, float(p[i, x]) / qx):
+                return i, int(torch.multinomial(p[i], 1, generator=generator))
+        return draft.numel(), int(torch.multinomial(p[draft.numel()], 1, generator=generator))
+
+    monkeypatch.setattr(speculate, "accept_sampled", wrong)
+    prompt = _own_prompt(tiny)
+    counts, _, _ = _sampled_counts(tiny, PromptLookup(), prompt)
+    stats = [_chi2(counts[j], p) for j, p in enumerate(_marginals(tiny, prompt, counts.shape[0]))]
+    assert max(stat / CHI2_999[dof] for stat, dof in stats[1:]) > 3, stats
+
+
+# ---- the budget policies ------------------------------------------------------------------------------------
+
+
+def _req(i, accepted=0, tested=0):
+    return SimpleNamespace(id=i, accepted=accepted, tested=tested)
+
+
+def test_the_load_aware_budget_drafts_where_the_pass_is_flat_and_not_where_it_is_steep():
+    drafts = [(_req(i, 6, 10), 4) for i in range(8)]  # α = 0.6 each, 4 drafted tokens each
+    flat = LoadAware(cost=lambda rows: 0.010)
+    flat.observe(_req(99), 10, 6)
+    assert flat.choose(drafts, batch=8) == [4] * 8
+    steep = LoadAware(cost=lambda rows: 0.001 * sum(n for _, n in rows))  # T(n) ∝ n: compute-bound
+    steep.observe(_req(99), 10, 6)
+    assert steep.choose(drafts, batch=8) == [0] * 8
+    # T(n) = 10 ms + 1 ms per token: at 8 rows a token's 1 ms buys α^j tokens where the pass makes 8 per 18 ms
+    mild = LoadAware(cost=lambda rows: 0.010 + 0.001 * sum(n for _, n in rows))
+    mild.observe(_req(99), 10, 6)
+    ks = mild.choose(drafts, batch=8)
+    assert ks == [1] * 8  # by hand: 0.6·18 > 8·1 keeps every first token; then 0.36·26 < 12.8·1 stops
+
+
+def test_the_load_aware_budget_favours_the_request_that_is_accepted():
+    budget = LoadAware(cost=lambda rows: 0.010 + 0.0015 * sum(n for _, n in rows))
+    budget.observe(_req(99), 20, 10)
+    good, bad = _req(0, 95, 100), _req(1, 5, 100)
+    ks = budget.choose([(good, 4), (bad, 4)], batch=2)
+    assert ks[0] > 0 and ks[1] == 0
+
+
+def test_the_load_aware_budget_learns_t_from_passes_and_probes_before_it_knows():
+    budget = LoadAware()
+    assert budget.choose([(_req(0), 5), (_req(1), 0)], batch=2) == [1, 0]  # nothing measured: a probe
+    for n in (1, 8, 32):
+        budget.observe_pass(n, 0.01 * n)
+    assert budget.pass_cost(16) == pytest.approx(0.16) and budget.pass_cost(64) == pytest.approx(0.64)
+
+
+def test_fixed_off_and_vllm_rules():
+    drafts = [(_req(i), 5) for i in range(4)]
+    assert Off().choose(drafts, batch=4) == [0] * 4 and Off().gamma_max == 0
+    assert Fixed(3).choose(drafts, batch=4) == [3] * 4
+    assert BatchCap(4, 2).choose(drafts, batch=3) == [2] * 4 and BatchCap(4, 2).choose(drafts, batch=4) == [0] * 4
+    assert repr(spec_budget("vllm:8")) == "vllm:8:3" and repr(spec_budget("fixed:2")) == "fixed:2"
+    assert isinstance(spec_budget("auto"), LoadAware) and isinstance(spec_budget("off"), Off)
+    for bad in ("fixed:0", "fixed:x", "sometimes", "fixed:99"):
+        with pytest.raises(ValueError, match="must be"):
+            spec_budget(bad)
+
+
+def test_add_rejects_a_token_outside_the_vocabulary_and_a_duplicate_id(tiny):
+    engine = Engine(tiny, max_batch=2, block_size=4, num_blocks=20, token_budget=32)
+    with pytest.raises(ValueError, match=f"prompt token id {CFG.vocab_size} is outside the vocabulary"):
+        engine.add(Request("x", [1, CFG.vocab_size], 3))
+    engine.add(Request("y", [1, 2], 3))
+    with pytest.raises(ValueError, match="request id 'y' is already queued"):
+        engine.add(Request("y", [3], 3))
+
+
+# ---- the server: flags, usage and /metrics ----------------------------------------------------------------
+
+
+def test_serve_refuses_a_bad_spec_budget_naming_the_flag(capsys):
+    from labkit.cli import main
+
+    for bad in ("fixed:x", "sometimes"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "--speculative", "prompt-lookup", "--spec-budget", bad])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "--spec-budget" in err and "fixed:N" in err and repr(bad) in err
+
+
+def test_a_speculating_server_reports_accepted_and_drafted_tokens(shakespeare):
+    import urllib.request
+
+    import openai
+
+    from labkit.serving.server import Server
+
+    model, tok = shakespeare
+    text = "But soft, what light through yonder window breaks? " * 4
+    with Server(model, tok, "shakespeare", policy="chunked", max_batch=4, token_budget=64, num_blocks=64,
+                drafter=PromptLookup(), spec_budget="fixed:3") as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        reply = client.completions.create(model="shakespeare", prompt=text, max_tokens=16)
+        details = reply.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
+        assert reply.usage.completion_tokens == 16
+        metrics = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    counts = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("labkit:spec_decode")}
+    assert counts["labkit:spec_decode_num_accepted_tokens_total"] == details.accepted_prediction_tokens
+    assert counts["labkit:spec_decode_num_draft_tokens_total"] == (details.accepted_prediction_tokens
+                                                                   + details.rejected_prediction_tokens)
