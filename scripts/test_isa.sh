@@ -14,7 +14,7 @@ isas=("$@")
 tests=(tests/test_batch_invariance.py tests/test_speculative_tree.py tests/test_speculative.py
        tests/test_speculative_heads.py tests/test_quant_linear.py tests/test_quant_intdot.py
        tests/test_smollm2_parity.py tests/test_gguf_native.py tests/test_lean_step.py tests/test_model.py
-       tests/test_serving_speculative.py)
+       tests/test_serving_speculative.py tests/test_serving_specload.py)
 for isa in "${isas[@]}"; do
     vars=$(isa_env "$isa")
     echo "test-isa: $isa ($vars)"

@@ -59,6 +59,38 @@ def _one_pass_plus_decodes(prompt_len, remaining, token_budget, pass_cost):
     return passes * pass_cost(d) + pass_cost(prompt_len)
 
 
+def _spec_keep(alphas, drafted, rows, riding, room, cost, *, chain=True, grow=True, use_room=True, power=True,
+               e_drafting=False):
+    """The keep rule written from the chapter's statement (not through LoadAware); the flags break one piece each."""
+    kept = [0] * len(alphas)
+    n, e = rows + riding, float(len(alphas) if e_drafting else rows)
+    room = float("inf") if room is None or not use_room else room
+    cands = sorted(((a ** j if power else a, -j, i) for i, (a, m) in enumerate(zip(alphas, drafted))
+                    for j in range(1, m + 1)), reverse=True)
+    for gain, neg_j, i in cands:
+        if chain and kept[i] != -neg_j - 1:
+            continue
+        if room <= 0:
+            break
+        if gain * cost(n) > e * (cost(n + 1) - cost(n)):
+            kept[i] += 1
+            room -= 1
+            if grow:
+                n, e = n + 1, e + gain
+    return kept
+
+
+# (a token whose predecessor was refused is never kept anyway: with N and E unchanged a smaller gain cannot pass)
+SPEC_WRONG = [lambda *a: _spec_keep(*a, grow=False),
+              lambda *a: _spec_keep(*a, use_room=False), lambda *a: _spec_keep(*a, power=False),
+              lambda *a: _spec_keep(*a, e_drafting=True)]
+
+
+@pytest.mark.parametrize("wrong", SPEC_WRONG)
+def test_the_spec_keep_checker_passes_the_rule_and_fails_a_broken_one(wrong, capsys):
+    assert_checker_separates("check_spec_keep", _spec_keep, wrong, capsys)
+
+
 @pytest.mark.parametrize("name, right, wrong", [
     # admission: the reference, against a cache that also reserves the last token, pools over requests, rounds down,
     # skips past the head, or refuses an exact fit

@@ -247,26 +247,28 @@ def _req(i, accepted=0, tested=0):
     return SimpleNamespace(id=i, accepted=accepted, tested=tested)
 
 
+def _measured(budget, alphas: dict):
+    """The budget as if it had verified drafts already: request id -> its recency-weighted acceptance."""
+    budget.observe(_req(99), 10, 6)
+    budget.recent.update(alphas)
+    return budget
+
+
 def test_the_load_aware_budget_drafts_where_the_pass_is_flat_and_not_where_it_is_steep():
-    drafts = [(_req(i, 6, 10), 4) for i in range(8)]  # α = 0.6 each, 4 drafted tokens each
-    flat = LoadAware(cost=lambda rows: 0.010)
-    flat.observe(_req(99), 10, 6)
+    drafts = [(_req(i), 4) for i in range(8)]  # α = 0.6 each, 4 drafted tokens each
+    flat = _measured(LoadAware(cost=lambda rows: 0.010), {i: 0.6 for i in range(8)})
     assert flat.choose(drafts, batch=8) == [4] * 8
-    steep = LoadAware(cost=lambda rows: 0.001 * sum(n for _, n in rows))  # T(n) ∝ n: compute-bound
-    steep.observe(_req(99), 10, 6)
-    assert steep.choose(drafts, batch=8) == [0] * 8
+    steep = _measured(LoadAware(cost=lambda rows: 0.001 * sum(n for _, n in rows)), {i: 0.6 for i in range(8)})
+    assert steep.choose(drafts, batch=8) == [0] * 8  # T(n) ∝ n: compute-bound
     # T(n) = 10 ms + 1 ms per token: at 8 rows a token's 1 ms buys α^j tokens where the pass makes 8 per 18 ms
-    mild = LoadAware(cost=lambda rows: 0.010 + 0.001 * sum(n for _, n in rows))
-    mild.observe(_req(99), 10, 6)
+    mild = _measured(LoadAware(cost=lambda rows: 0.010 + 0.001 * sum(n for _, n in rows)), {i: 0.6 for i in range(8)})
     ks = mild.choose(drafts, batch=8)
     assert ks == [1] * 8  # by hand: 0.6·18 > 8·1 keeps every first token; then 0.36·26 < 12.8·1 stops
 
 
 def test_the_load_aware_budget_favours_the_request_that_is_accepted():
-    budget = LoadAware(cost=lambda rows: 0.010 + 0.0015 * sum(n for _, n in rows))
-    budget.observe(_req(99), 20, 10)
-    good, bad = _req(0, 95, 100), _req(1, 5, 100)
-    ks = budget.choose([(good, 4), (bad, 4)], batch=2)
+    budget = _measured(LoadAware(cost=lambda rows: 0.010 + 0.0015 * sum(n for _, n in rows)), {0: 0.95, 1: 0.05})
+    ks = budget.choose([(_req(0), 4), (_req(1), 4)], batch=2)
     assert ks[0] > 0 and ks[1] == 0
 
 
@@ -311,6 +313,24 @@ def test_serve_refuses_a_bad_spec_budget_naming_the_flag(capsys):
         assert exit_.value.code == 2
         err = capsys.readouterr().err
         assert "--spec-budget" in err and "fixed:N" in err and repr(bad) in err
+
+
+def test_serve_refuses_heads_and_a_taken_port_before_loading_the_model(capsys, monkeypatch):
+    import socket
+
+    import labkit
+    from labkit.cli import main
+
+    monkeypatch.setattr(labkit, "load", lambda *a, **k: pytest.fail("the model was loaded before the check"))
+    assert main(["serve", "--speculative", "medusa"]) == 2
+    assert "--speculative medusa is not served" in capsys.readouterr().err
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is taken" in err and "--port N" in err and "Traceback" not in err
 
 
 def test_a_speculating_server_reports_accepted_and_drafted_tokens(shakespeare):

@@ -8,7 +8,7 @@ clock (each step's real wall time; idle gaps skipped). Targets are printed as me
 from __future__ import annotations
 
 TITLE = ("Serving: static vs continuous vs chunked batching, decode vs batch, chunked prefill, prefix caching, endpoint, "
-         "TP/DP/disaggregation")
+         "TP/DP/disaggregation, speculation budgets under load")
 
 # The mixed trace: Poisson arrivals, prompts uniform, replies geometric (a reply ends with the same
 # probability after every token), clipped; dense enough that a queue forms.
@@ -203,4 +203,8 @@ def run(quick: bool = False) -> dict:
     print(f"  $ per 1M output tokens: here (SmolLM2, continuous, ${PRICE_HERE}/h assumed) "
           f"{report['cost_per_million']['here']:.2f}; H100 (Llama-2-7B, batch 64 modelled, ${PRICE_H100}/h assumed) "
           f"{report['cost_per_million']['h100_llama2_7b_batch64']:.3f}")
+
+    # 10. speculation inside the engine, under load (each budget across an arrival-rate sweep)
+    from labkit.benchmarks._serving_spec import section
+    report["speculation"] = section(model, tok, quick)
     return report

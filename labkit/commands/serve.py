@@ -1,6 +1,7 @@
 """`labkit serve --model NAME`: an OpenAI-compatible API (chat and completions) on 127.0.0.1 (Ctrl-C stops it)."""
 from __future__ import annotations
 
+import sys
 import threading
 
 
@@ -52,17 +53,48 @@ def add_parser(sub):
                    "ended (default: %(default)s)")
     p.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask for "
                    "(default: %(default)s)")
-    p.add_argument("--speculative", default=None, choices=["prompt-lookup"],
-                   help="draft tokens and verify them in the batched passes (default: no speculation)")
+    p.add_argument("--speculative", default=None, choices=["prompt-lookup", *HEADS],
+                   help="draft tokens and verify them in the batched passes (default: no speculation); the drafting "
+                        "heads (mtp, zero-copy, medusa) are refused: see --help's note")
     p.add_argument("--spec-budget", type=_spec_budget, default="auto",
                    help="drafted tokens verified per request and pass: off, fixed:N, vllm:B[:N] (none from B running "
                         "requests) or auto (from measured acceptance and pass cost; default: %(default)s)")
     return p
 
 
+HEADS = ("mtp", "zero-copy", "medusa")
+
+
+def port_taken(host: str, port: int) -> bool:
+    """True when another process holds `port` on `host` (checked by binding it, before the model loads)."""
+    import errno
+    import socket
+
+    if port == 0:
+        return False
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
+
+
 def run(args, ready=None) -> int:
     import labkit
     from labkit.serving.server import Server
+
+    if args.speculative in HEADS:
+        print(f"labkit serve: --speculative {args.speculative} is not served: a drafting head reads the target's hidden "
+              "states of each request's last verified token, which the engine's packed pass does not hand out; "
+              "use --speculative prompt-lookup (the heads run in labkit.speculative.generate, one stream)", file=sys.stderr)
+        return 2
+    if port_taken(args.host, args.port):
+        print(f"labkit serve: port {args.port} on {args.host} is taken (another server?); choose a free one with "
+              f"--port N", file=sys.stderr)
+        return 2
 
     from labkit.speculative import PromptLookup
 

@@ -1,12 +1,13 @@
-"""Exercises of the serving chapter: admitting requests into a paged KV pool, the critical decode batch, and
-predicting a long prompt's TTFT under chunked prefill (checked against the real scheduler)."""
+"""Exercises of the serving chapter: admitting requests into a paged KV pool, the critical decode batch,
+predicting a long prompt's TTFT under chunked prefill (checked against the real scheduler), and which drafted
+tokens a load-aware speculation budget keeps (checked against `labkit.serving.budget.LoadAware`)."""
 from __future__ import annotations
 
 import math
 
 from labkit.exercises._core import check
 
-__all__ = ["check_kv_admission", "check_critical_batch", "check_chunked_ttft"]
+__all__ = ["check_kv_admission", "check_critical_batch", "check_chunked_ttft", "check_spec_keep"]
 
 
 # ---- 1. admission into a paged KV pool ------------------------------------------------------------
@@ -132,3 +133,37 @@ def check_chunked_ttft(fn) -> bool:
                  hint="walk pass by pass: every request with tokens left decodes one (it is done after its last), "
                       "the prompt gets what is left of token_budget (maybe nothing), the pass costs pass_cost(all its "
                       "tokens), and the first token comes at the end of the pass that runs the prompt's last chunk")
+
+
+# ---- 5. which drafted tokens a load-aware budget keeps ---------------------------------------------------
+
+
+def _reference_spec_keep(alphas: list[float], drafted: list[int], rows: int, riding: int, room, pass_cost) -> list[int]:
+    from types import SimpleNamespace
+
+    from labkit.serving.budget import LoadAware
+
+    budget = LoadAware(cost=lambda r: pass_cost(sum(n for _, n in r)), gamma_max=16)
+    budget.observe(SimpleNamespace(id=-1), 1, 1)  # something verified: no probe
+    budget.recent.update({i: a for i, a in enumerate(alphas)})
+    reqs = [(SimpleNamespace(id=i), m) for i, m in enumerate(drafted)]
+    return budget.choose(reqs, batch=rows, riding=riding, decoding=rows, room=room)
+
+
+def check_spec_keep(fn) -> bool:
+    """Check `fn(alphas, drafted, rows, riding, room, pass_cost) -> drafted tokens kept per request` against the
+    load-aware budget (`labkit.serving.budget.LoadAware.choose`)."""
+    cases = [
+        ([0.6] * 4, [3] * 4, 4, 0, None, _affine(0.010, 0.0)),           # a flat pass: keep every drafted token
+        ([0.6] * 4, [3] * 4, 4, 0, None, _affine(0.0, 0.001)),           # T proportional to n: keep none
+        ([0.9, 0.2], [4, 4], 2, 0, None, _affine(0.010, 0.0015)),         # the likely request drafts, the other not
+        ([0.7, 0.5, 0.3], [5, 5, 5], 6, 0, None, _affine(0.020, 0.001)),  # three decoding rows have no draft
+        ([0.8, 0.6], [4, 4], 2, 30, 3, _affine(0.010, 0.0)),             # three free slots, then prompts wait
+        ([0.95, 0.85, 0.4], [6, 2, 6], 3, 10, None, _concave),            # a cost that grows slower than n
+        ([0.5, 0.99], [2, 8], 8, 0, 0, _affine(0.010, 0.0)),              # no free slot at all
+    ]
+    return check("spec_keep", fn, _reference_spec_keep, cases,
+                 hint="rank every candidate token (request i, position j) by alpha_i ** j; walk them in that order; a "
+                      "token counts only if the one before it in its request was kept; keep it while the pass has room "
+                      "and alpha_i ** j * T(N) > E * (T(N + 1) - T(N)), then N += 1 and E += alpha_i ** j (N starts at "
+                      "rows + riding, E at rows)")

@@ -128,6 +128,12 @@ class PagedBatch(KVCache):
         """Index of each row's last token in the packed pass (what `last_only` keeps)."""
         return self._pass["last"]
 
+    def pass_rows(self) -> list[tuple[object, int, int, int]]:
+        """The running pass's rows (after `begin`): (key, position of its first new token, new tokens, logits kept)."""
+        if self._pass is None:
+            raise RuntimeError("pass_rows() is known between begin() and end()")
+        return [(key, start, n, m) for (key, n), start, m in zip(self._rows, self._pass["starts"], self._keep)]
+
     # ---- the protocol -----------------------------------------------------------------
 
     @property

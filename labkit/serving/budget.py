@@ -13,25 +13,35 @@ pass: `observe_pass`, `observe`), four policies:
   γ while fewer than `max_batch` requests run, no speculation at all from `max_batch` on;
 - `LoadAware(...)`: the rule below, decided per pass from measured inputs only.
 
-The load-aware rule. Inputs, all measured: request i's acceptance α_i (its verified drafted
-tokens: accepted / tested, tested counting the first rejected one; pooled with the acceptance
-of every request the engine has verified, weighted as `prior` tokens, so a new request starts
-from what the others showed), and the pass cost T(n) of a pass of n tokens (the engine's own
-passes, timed and kept per token count, read linearly between the counts seen; or a table
-measured beforehand, `passcost.step_time(passcost.measure_pass_costs(...))`). The plain pass
-holds N₀ = b + P tokens (b decoding rows, P prompt tokens riding along) and emits E = b
-tokens. The j-th drafted token of request i emits α_i^j more tokens on average (it is accepted
-only if the j − 1 before it were), and makes the pass one token longer: a prompt token it
-displaces from the budget still has to run in a later pass, so the work grows by one token
-either way. Candidates are taken in order of α_i^j, and one is kept when it raises the pass's
-rate of emitted tokens per second:
+The load-aware rule. Inputs, all measured: request i's acceptance α_i, and the pass cost T(n).
+α_i is recency-weighted: every drafted token the engine tests (the accepted ones and the first
+rejected one) moves it toward 1 or 0 by a share 1 − `recency` (0.5: the last few verifications
+count most), starting from the acceptance pooled over every request verified so far. Acceptance
+comes in runs: with prompt lookup, a request that is copying from its prompt has its next draft
+accepted far more often than one whose last draft was rejected (on the workload of
+`labkit.serving.specload`, the first drafted token was accepted 73–87 % of the time after a
+wholly accepted draft and 15–31 % after a wholly rejected one), so the recent outcome predicts
+better than the request's whole history. T(n), the seconds of a pass of n tokens: a least-squares
+fit to the engine's recent passes (the last 256) whose token counts lie near n (n/2 to 2n + 16), with
+the number of sequences in the pass as a second variable wherever the two vary apart. A drafted token
+adds a token to the pass, not a sequence, and the keys and values that more sequences read (a large
+part of a GPU pass, modelled) are then not charged to it. A cost can also be given beforehand
+(`passcost.step_time(passcost.measure_pass_costs(...))`).
+
+The plain pass holds N₀ = b + P tokens (b decoding rows, P prompt tokens riding along) and emits
+E = b tokens. The j-th drafted token of request i emits α_i^j more tokens on average (it is
+accepted only if the j − 1 before it were) and makes the pass one token longer. Candidates are
+taken in order of α_i^j, and one is kept when it raises the pass's rate of emitted tokens:
 
     keep the token  iff  α_i^j / (T(N + 1) − T(N))  >  E / T(N)
 
-(N and E the pass so far, both growing with every kept token). Where T is flat in n (a
-memory-bound pass) almost any token with α > 0 is kept; where T grows in proportion to n
-(compute-bound, a loaded machine) a token is kept only if it is more likely to be accepted than
-the pass's average row is to emit. With no acceptance measured yet, or T known at fewer than
+(N and E the pass so far, both growing with every kept token), and only while the pass has a slot
+no prompt token is waiting for (`room`). When prompt tokens fill the token budget, a drafted token
+would displace one: the prompt token must still run later, so the work grows by a token for a
+saving of α_i^j < 1 token of decoding, a loss whatever T is (the batch capacity DSpark's argument
+is about). Where T is flat in n (a memory-bound pass) almost any token with α > 0 is kept; where T
+grows in proportion to n (compute-bound) a token is kept only if it is more likely to be accepted
+than the pass's average row is to emit. With no acceptance measured yet, or T known at fewer than
 two token counts, every request verifies one drafted token (a probe); and after `probe_every`
 passes in which nobody drafted, the request that waited longest verifies one, so that α stays
 measured (at most one token every `probe_every` passes).
@@ -39,6 +49,7 @@ measured (at most one token every `probe_every` passes).
 from __future__ import annotations
 
 import re
+from collections import deque
 
 __all__ = ["SpecBudget", "Off", "Fixed", "BatchCap", "LoadAware", "spec_budget", "GAMMA_LIMIT"]
 
@@ -57,13 +68,16 @@ class SpecBudget:
     name = "budget"
     gamma_max = 0
 
-    def choose(self, drafts: list[tuple[object, int]], *, batch: int, riding: int = 0) -> list[int]:
+    def choose(self, drafts: list[tuple[object, int]], *, batch: int, riding: int = 0, decoding: int | None = None,
+               room: int | None = None) -> list[int]:
         """Per (request, drafted tokens it has), how many to verify this pass; `batch`: requests running,
-        `riding`: prompt tokens this pass carries besides the decoding rows."""
+        `riding`: prompt tokens this pass carries besides the decoding rows, `decoding`: decoding rows (default:
+        one per request in `drafts`), `room`: token slots of the pass that no prompt token waits for (None:
+        no limit)."""
         return [0 for _ in drafts]
 
-    def observe_pass(self, tokens: int, seconds: float) -> None:
-        """A pass of `tokens` tokens took `seconds` (the engine's wall time of the forward pass)."""
+    def observe_pass(self, tokens: int, seconds: float, rows: int | None = None) -> None:
+        """A pass of `tokens` tokens in `rows` sequences took `seconds` (the engine's wall time of the pass)."""
 
     def observe(self, req, drafted: int, accepted: int) -> None:
         """`req` had `drafted` tokens verified this pass, of which the first `accepted` were accepted."""
@@ -83,7 +97,7 @@ class Fixed(SpecBudget):
         self.gamma_max = _gamma("gamma", gamma)
         self.name = f"fixed:{gamma}"
 
-    def choose(self, drafts, *, batch, riding=0):
+    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None):
         return [min(n, self.gamma_max) for _, n in drafts]
 
 
@@ -96,7 +110,7 @@ class BatchCap(Fixed):
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.max_batch, self.name = max_batch, f"vllm:{max_batch}:{gamma}"
 
-    def choose(self, drafts, *, batch, riding=0):
+    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None):
         return [0 for _ in drafts] if batch >= self.max_batch else super().choose(drafts, batch=batch)
 
 
@@ -106,68 +120,102 @@ class LoadAware(SpecBudget):
 
     name = "auto"
 
-    def __init__(self, cost=None, gamma_max: int = 8, prior: float = 4.0, probe_every: int = 8, decay: float = 0.8):
+    def __init__(self, cost=None, gamma_max: int = 8, recency: float = 0.5, probe_every: int = 8, window: int = 256):
         self.gamma_max = _gamma("gamma_max", gamma_max)
-        if not (isinstance(prior, (int, float)) and prior > 0):
-            raise ValueError(f"prior must be a positive number of tokens, got {prior!r}")
-        if not isinstance(probe_every, int) or probe_every < 1:
-            raise ValueError(f"probe_every must be a positive integer, got {probe_every!r}")
+        if not (isinstance(recency, (int, float)) and 0 <= recency < 1):
+            raise ValueError(f"recency must be a number in [0, 1), got {recency!r}")
+        for name, value in (("probe_every", probe_every), ("window", window)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if cost is not None and not callable(cost):
             raise TypeError(f"cost must be a callable tokens -> seconds or None, got {type(cost).__name__}")
-        self.cost, self.prior, self.probe_every, self.decay = cost, float(prior), probe_every, decay
-        self.seen: dict[int, float] = {}   # tokens in a pass -> seconds (an EMA of the engine's passes)
+        self.cost, self.recency, self.probe_every = cost, float(recency), probe_every
+        self.recent: dict = {}             # request id -> its recency-weighted acceptance
+        self.passes: deque = deque(maxlen=window)  # (tokens, seconds) of the engine's recent passes
         self.tested = self.accepted = 0    # pooled over every request verified
         self.idle: dict = {}               # request id -> passes since it last verified a drafted token
         self.since = 0                     # passes since any request verified one
 
     # ---- measured inputs -------------------------------------------------------------------
 
-    def observe_pass(self, tokens: int, seconds: float) -> None:
-        old = self.seen.get(tokens)
-        self.seen[tokens] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+    def observe_pass(self, tokens: int, seconds: float, rows: int | None = None) -> None:
+        self.passes.append((tokens, seconds, tokens if rows is None else rows))
 
     def observe(self, req, drafted: int, accepted: int) -> None:
+        a = self.alpha(req)
         self.tested += accepted + (accepted < drafted)
         self.accepted += accepted
+        a = self.accepted / self.tested if a is None else a
+        for outcome in [1.0] * accepted + [0.0] * (accepted < drafted):
+            a = self.recency * a + (1 - self.recency) * outcome
+        self.recent.pop(req.id, None)
+        self.recent[req.id] = a
+        if len(self.recent) > 4096:  # a long-running server: forget the request verified longest ago
+            del self.recent[next(iter(self.recent))]
 
     def alpha(self, req) -> float | None:
-        """Request `req`'s acceptance, pooled with everyone's (None: nothing verified yet)."""
-        if not self.tested:
+        """Request `req`'s recency-weighted acceptance; before its first verification, everyone's pooled
+        (None: nothing verified yet)."""
+        if req.id in self.recent:
+            return self.recent[req.id]
+        return self.accepted / self.tested if self.tested else None
+
+    def line(self, tokens: int, rows: int | None = None):
+        """T as a function of a pass's tokens n near `tokens`, its `rows` sequences held fixed: the given cost, else
+        a least-squares fit to the recent passes with tokens/2 <= n <= 2·tokens + 16 (all of them if those hold fewer
+        than two token counts), slope >= 0; None: fewer than two token counts seen yet. Where the passes' token and
+        sequence counts vary apart, the fit is T = a + b·n + c·rows: a drafted token costs b, and the keys and values
+        that more sequences read (c) are not charged to it."""
+        if self.cost is not None:
+            return lambda n: float(self.cost([(None, n)]))
+        near = [p for p in self.passes if tokens / 2 <= p[0] <= 2 * tokens + 16]
+        pts = near if len({p[0] for p in near}) >= 2 else list(self.passes)
+        if len({p[0] for p in pts}) < 2:
             return None
-        pooled = self.accepted / self.tested
-        return (req.accepted + self.prior * pooled) / (req.tested + self.prior)
+        m = len(pts)
+        mx, my, mr = (sum(p[i] for p in pts) / m for i in (0, 1, 2))
+        sxx = sum((p[0] - mx) ** 2 for p in pts)
+        srr = sum((p[2] - mr) ** 2 for p in pts)
+        sxr = sum((p[0] - mx) * (p[2] - mr) for p in pts)
+        sxy = sum((p[0] - mx) * (p[1] - my) for p in pts)
+        sry = sum((p[2] - mr) * (p[1] - my) for p in pts)
+        det = sxx * srr - sxr * sxr
+        if rows is not None and det > 0.05 * sxx * srr:  # tokens and rows vary apart (r² < 0.95): two slopes
+            b, c = (sxy * srr - sry * sxr) / det, (sry * sxx - sxy * sxr) / det
+            b = max(0.0, b)
+            return lambda n: my + b * (n - mx) + c * (rows - mr)
+        slope = max(0.0, sxy / sxx)
+        return lambda n: my + slope * (n - mx)
 
     def pass_cost(self, tokens: int) -> float | None:
-        """T(tokens): the given cost, else linear between the token counts seen (beyond them, the end slope)."""
-        if self.cost is not None:
-            return float(self.cost([(None, tokens)]))
-        pts = sorted(self.seen.items())
-        if len(pts) < 2:
-            return None
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-            if tokens <= x1 or (x1, y1) == pts[-1]:
-                return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
-        return None  # not reached
+        """T(tokens) from `line` (None: not known yet)."""
+        f = self.line(tokens)
+        return None if f is None else f(tokens)
 
     # ---- the decision ----------------------------------------------------------------------
 
-    def choose(self, drafts, *, batch, riding=0):
+    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None):
         ks = [0] * len(drafts)
         alphas = [self.alpha(req) for req, _ in drafts]
-        n = sum(1 for _ in drafts) + riding
-        t_n = self.pass_cost(n)
+        rows = len(drafts) if decoding is None else max(decoding, len(drafts))
+        n = rows + riding
+        room = float("inf") if room is None else room
+        cost = self.line(n, rows=rows + (riding > 0))
+        t_n = None if cost is None else cost(n)
         if t_n is None or any(a is None for a in alphas):  # nothing to decide from yet: probe one token each
             ks = [min(1, m) for _, m in drafts]
         else:
-            emitted = float(len(drafts))
+            emitted = float(rows)
             cands = sorted(((alphas[i] ** j, -j, i) for i, (_, m) in enumerate(drafts) for j in range(1, m + 1)),
                            reverse=True)
             for gain, neg_j, i in cands:
                 if ks[i] != -neg_j - 1:
                     continue  # the token before it was not kept
-                t_next = self.pass_cost(n + 1)
+                if room <= 0:
+                    break  # every slot left is wanted by a prompt token: a draft would only displace it
+                t_next = cost(n + 1)
                 if gain * t_n > emitted * (t_next - t_n):
-                    ks[i], n, emitted, t_n = ks[i] + 1, n + 1, emitted + gain, t_next
+                    ks[i], n, emitted, t_n, room = ks[i] + 1, n + 1, emitted + gain, t_next, room - 1
             if not any(ks) and self.since + 1 >= self.probe_every:  # a probe: the request that waited longest
                 i = max(range(len(drafts)), key=lambda i: (drafts[i][1] > 0, self.idle.get(drafts[i][0].id, 0)))
                 ks[i] = min(1, drafts[i][1])

@@ -99,11 +99,15 @@ class Engine:
     `batch_invariant`: every pass of up to 16 tokens gives each row the bits it gets alone (the model's
     switch, and each query attending alone), so a request's greedy reply does not depend on what shares its
     passes: with drafts or without, under any load.
+    `pass_time(rows) -> seconds` (rows [(request, tokens)]): the clock advances by it instead of each pass's wall
+    time, and the budget sees it as the pass's cost (a measured table, `passcost.step_time`, or a GPU's modelled
+    pass); None: the wall time.
     """
 
     def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
                  block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0,
-                 prefix_cache: bool = True, drafter=None, spec_budget="auto", batch_invariant: bool = False):
+                 prefix_cache: bool = True, drafter=None, spec_budget="auto", batch_invariant: bool = False,
+                 pass_time=None):
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -118,6 +122,9 @@ class Engine:
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
         self.speculator = None if drafter is None else Speculator(drafter, spec_budget)
+        if pass_time is not None and not callable(pass_time):
+            raise ValueError(f"pass_time must be None or a callable rows -> seconds, got {type(pass_time).__name__}")
+        self.pass_time = pass_time
         self.batch_invariant = batch_invariant
         self.steps: list[Step] = []
         self.listeners: dict = {}  # request id -> callable(request, token) (the server streams through it)
@@ -164,12 +171,13 @@ class Engine:
                 raise ValueError("the model produced NaN logits; refusing to sample")
         except Exception as exc:
             raise PassFailed([req for req, _ in rows], exc) from exc
+        seconds = time.perf_counter() - t0 if self.pass_time is None else float(self.pass_time(rows))
         if self.speculator is not None:
-            self.speculator.budget.observe_pass(len(ids), time.perf_counter() - t0)
+            self.speculator.budget.observe_pass(len(ids), seconds, rows=len(rows))
         if self.scheduler.prefix_cache:  # the blocks this pass filled, findable by later requests
             for req, _ in rows:
                 self.cache.tables.register_full(req.id, req.tokens)
-        end = now + (time.perf_counter() - t0) if clock is None else clock()
+        end = now + seconds if clock is None else clock()
         logits, at, drafted, accepted = logits.float(), 0, 0, 0
         for req, n in rows:
             k = len(req.draft)

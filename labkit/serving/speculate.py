@@ -16,7 +16,8 @@ to 16 tokens gets the bits it gets alone), and sampled replies are exact in dist
 Rejected tokens are rolled back in the one paged store: the request's committed length is cut
 to what was verified and the blocks past it go back to the pool (`BlockTables.truncate`); the
 prefix cache registers blocks of the request's verified tokens only (its `tokens` never hold a
-draft). A request under a format constraint, or one whose next token ends its reply, never drafts.
+draft). A request under a format constraint, or one whose next token ends its reply, never drafts, and
+a draft ends at its first stop token (nothing after it could be emitted).
 """
 from __future__ import annotations
 
@@ -54,25 +55,36 @@ class Speculator:
             room = min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1)
             if room > 0:
                 tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
-                if tokens:
-                    found.append((req, list(tokens)[:room], q))
+                tokens = list(tokens)[:room]
+                stop = next((i + 1 for i, t in enumerate(tokens) if t in req.stop_ids), len(tokens))
+                if tokens:  # nothing after a stop token is drafted: the reply would end there
+                    found.append((req, tokens[:stop], q))
         if not found:
             return
-        riding = 0 if scheduler.policy in ("static", "continuous") else min(
-            scheduler.token_budget - len(ready),
-            sum(r.n_uncached for r in scheduler.running if not r.prefilled) + sum(len(r.prompt) for r in scheduler.waiting))
+        riding = 0  # prompt tokens that would ride in this pass: of running requests, and of those admitted next
+        if scheduler.policy not in ("static", "continuous"):
+            admit = max(0, scheduler.max_batch - len(scheduler.running))
+            riding = min(max(0, scheduler.token_budget - len(ready)),
+                         sum(r.n_uncached for r in scheduler.running if not r.prefilled)
+                         + sum(len(r.prompt) for r in list(scheduler.waiting)[:admit]))
+        room = max(0, scheduler.token_budget - len(ready) - riding)  # slots no prompt token is waiting for
         ks = self.budget.choose([(req, len(t)) for req, t, _ in found], batch=len(scheduler.running),
-                                riding=max(0, riding))
+                                riding=riding, decoding=len(ready), room=room)
         for (req, tokens, q), k in zip(found, ks):
             req.draft, req.draft_q = tokens[:k], (None if q is None or not k else q[:k])
 
     def verify(self, req, logits: torch.Tensor) -> tuple[int, int]:
         """(drafted tokens accepted, the target's token after them) for `req`'s row: logits [k + 1, V]."""
         draft = req.draft
-        history = req.penalty_history
-        processed = torch.stack([process_logits(logits[i], history + draft[:i], req.params)
-                                 for i in range(len(draft) + 1)])
         tokens = torch.tensor(draft, dtype=torch.long)
+        if req.params.plain_greedy:  # no processor can move the argmax: the raw rows, as `sample_next` reads them
+            if not torch.isfinite(logits.amax(-1)).all():
+                raise ValueError("logits contain NaN or +inf, or a row is all -inf; refusing to verify")
+            processed = logits
+        else:
+            history = req.penalty_history
+            processed = torch.stack([process_logits(logits[i], history + draft[:i], req.params)
+                                     for i in range(len(draft) + 1)])
         if req.params.greedy:
             n, nxt = accept_greedy(processed, tokens)
         else:

@@ -7,7 +7,10 @@ ranges, prompt tokens cut from a source text. Same seed, same trace.
 
 `summarize` reports, from the times every request recorded:
 - **throughput**: output tokens per second, from the first arrival to the last finish;
-- **TTFT** (first token − arrival) and **ITL** (gaps between a request's tokens), p50 and p99;
+- **TTFT** (first token − arrival) and **ITL** (gaps between the passes that gave a request tokens: with
+  speculation a pass may give several at once, which a streaming client receives as one chunk), p50 and p99;
+  **TPOT** (time per output token after the first: (last − first token) / (tokens − 1) per request, as
+  vLLM's benchmark reports it), mean and p99 over requests;
 - **goodput** (Zhong et al. 2024, "DistServe"): requests per second that met the SLO,
   TTFT ≤ `ttft_slo_s` and mean ITL ≤ `itl_slo_s`;
 - **KV utilisation**: tokens held / slots in allocated blocks (paged), step by step, next
@@ -96,7 +99,8 @@ def summarize(replay, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.1, max_token
     start, end = min(r.arrival for r in reqs), max(r.finish for r in reqs)
     out_tokens = sum(len(r.output) for r in reqs)
     ttft = [r.ttft for r in reqs]
-    itl = [g for r in reqs for g in r.itls]
+    itl = [g for r in reqs for g in r.itls if g > 0]  # tokens of one pass arrive together: one chunk
+    tpot = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) for r in reqs if len(r.token_times) > 1]
     good = [r for r in reqs if r.ttft <= ttft_slo_s and (not r.itls or np.mean(r.itls) <= itl_slo_s)]
     steps = replay.steps
     held = np.array([s.kv_tokens for s in steps], dtype=float)
@@ -112,6 +116,7 @@ def summarize(replay, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.1, max_token
         "throughput_tok_s": out_tokens / (end - start),
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+        "tpot_mean_s": float(np.mean(tpot)) if tpot else float("nan"), "tpot_p99_s": percentile(tpot, 99),
         "goodput_req_s": len(good) / (end - start),
         "slo_met": len(good) / len(reqs),
         "kv_util_paged": float((held[busy] / slots[busy]).mean()) if busy.any() else float("nan"),

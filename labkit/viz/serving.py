@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from labkit.viz._spec import wrap_title
 
 __all__ = ["gantt_rows", "gantt_figure", "load_curve_figure", "kv_usage_figure", "itl_figure", "batch_figure", "cost_rows",
-           "cost_figure"]
+           "cost_figure", "spec_load_figure"]
 
 _LAYOUT = dict(margin=dict(t=80, l=70, r=20, b=50), legend=dict(orientation="h", y=-0.2))
 _PHASE = {"prefill": "#ff7f0e", "decode": "#1f77b4", "waiting": "#dddddd"}
@@ -153,4 +153,30 @@ def cost_figure(measured_tok_s: float, price_here: float, price_gpu: float, gpu:
     fig.update_layout(title=wrap_title(f"Dollars per 1M output tokens = price per hour / (tokens/s x 3600) x 1e6; "
                                        f"cheapest: {cheapest['label']}", width=60), height=440,
                       yaxis=dict(title="$ per 1M tokens", type="log"), **_LAYOUT)
+    return fig
+
+
+def spec_load_figure(sweeps: dict[str, list[dict]], title: str | None = None) -> go.Figure:
+    """Each speculation budget against no speculation as the load rises: throughput (left) and each request's decode
+    speed (right), one line per budget, one dash per sweep. `sweeps`: {label: `specload.ratios(rows)`}."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput, x no speculation",
+                                                        "per-request decode speed (1/TPOT), x no speculation"))
+    colors = {"off": "#7f7f7f", "fixed": "#d62728", "vllm": "#9467bd", "auto": "#2ca02c"}
+    for (label, rows), dash in zip(sweeps.items(), ("solid", "dot", "dash", "dashdot")):
+        for budget in dict.fromkeys(r["budget"] for r in rows):
+            if budget == "off":
+                continue
+            mine = sorted((r for r in rows if r["budget"] == budget), key=lambda r: r["load"])
+            color = colors.get(budget.split(":")[0])
+            for col, key in ((1, "throughput"), (2, "speed")):
+                fig.add_scatter(x=[r["load"] for r in mine], y=[round(r[key], 4) for r in mine], mode="lines+markers",
+                                name=f"{budget}, {label}", legendgroup=f"{budget}, {label}", showlegend=col == 1,
+                                line=dict(color=color, dash=dash), row=1, col=col)
+    for col in (1, 2):
+        fig.add_hline(y=1.0, line=dict(color="#7f7f7f", width=1), row=1, col=col)
+        fig.update_xaxes(title_text="load (arrival rate / capacity without speculation)", type="log", row=1, col=col)
+    fig.update_layout(title=wrap_title(title or "Speculation under load: above 1 it pays, below 1 it costs"), height=460,
+                      **_LAYOUT)
     return fig

@@ -1,0 +1,146 @@
+"""Speculation under load: the recorded replay is the engine itself (same passes, drafts, acceptance and times as the
+real model's engine), it refuses to invent tokens, and the summary's ITL, TPOT and the budget's inputs are as
+derived by hand."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from labkit.kvcache.batch import PagedBatch
+from labkit.serving import Engine, Request
+from labkit.serving import specload
+from labkit.serving.budget import LoadAware
+from labkit.serving.engine import Replay, Step
+from labkit.serving.recorded import RecordedModel
+from labkit.serving.trace import summarize
+from tests.test_serving_speculative import shakespeare  # noqa: F401  (the fixture)
+
+TEXT = ("ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
+        "Arise, fair sun, and kill the envious moon, who is already sick and pale with grief. ")
+
+
+def _cost(rows):
+    return 0.010 + 0.002 * sum(n for _, n in rows)
+
+
+@pytest.fixture(scope="module")
+def recorded(shakespeare):  # noqa: F811
+    model, tok = shakespeare
+    prompts = [("grounded", TEXT * 2), ("chat", "JULIET:\n"), ("grounded", TEXT[40:] * 2), ("chat", "HAMLET:\nTo be")]
+    return specload.record(model, tok, prompts, max_new_tokens=24, max_batch=4)
+
+
+@pytest.mark.parametrize("budget", ["off", "fixed:3", "auto"])
+def test_the_recorded_replay_is_the_engine_with_the_real_model(shakespeare, recorded, budget):  # noqa: F811
+    model, _ = shakespeare
+    opts = dict(rate=40.0, budget=budget, max_batch=3, token_budget=16)
+    real = specload.replay(recorded, model.config, _cost, model=model, **opts)
+    replayed = specload.replay(recorded, model.config, _cost, **opts)
+    served = {r.id: r for r in real.pop("served")}
+    for r in replayed.pop("served"):
+        assert r.output == served[r.id].output == recorded["replies"][r.id]
+        assert r.token_times == served[r.id].token_times  # the same passes at the same (modelled) times
+    assert replayed == real
+    assert (real["drafted"] > 0) == (budget != "off")
+
+
+def test_the_recording_refuses_what_it_did_not_record(shakespeare, recorded):  # noqa: F811
+    model, _ = shakespeare
+    seqs = {0: recorded["prompts"][0] + recorded["replies"][0]}
+    stand_in = RecordedModel(model.config, seqs)
+    engine = Engine(stand_in, max_batch=2, token_budget=256, block_size=8, num_blocks=32)
+    engine.add(Request(0, list(recorded["prompts"][0][:-1]) + [(recorded["prompts"][0][-1] + 1) % 64], 4))
+    with pytest.raises(Exception, match="left its recorded sequence"):
+        engine.step()
+    longer = Engine(stand_in, max_batch=2, token_budget=256, block_size=8, num_blocks=32)
+    longer.add(Request(0, list(recorded["prompts"][0]), len(recorded["replies"][0]) + 1))
+    with pytest.raises(Exception, match="past its recorded"):
+        for _ in range(40):
+            longer.step()
+    with pytest.raises(ValueError, match="sequences"):
+        RecordedModel(model.config, {0: [model.config.vocab_size]})
+    with pytest.raises(ValueError, match="pass_time"):
+        Engine(stand_in, pass_time=3.0)
+
+
+def test_pass_rows_are_known_only_inside_a_pass(shakespeare):  # noqa: F811
+    model, _ = shakespeare
+    cache = PagedBatch(model.config, num_blocks=8, block_size=8)
+    cache.add("a")
+    cache.plan([("a", 3)])
+    with pytest.raises(RuntimeError, match="between begin"):
+        cache.pass_rows()
+    cache.begin(3)
+    assert cache.pass_rows() == [("a", 0, 3, 1)]
+
+
+def test_itl_counts_a_pass_s_tokens_as_one_chunk_and_tpot_spreads_them():
+    req = Request(0, [1, 2], 5, arrival=0.0)
+    for t in (1.0, 1.5, 1.5, 1.5, 2.5):  # a pass at 1.5 s gave three tokens at once
+        req.add_token(7, t)
+    req.finish = 2.5
+    step = Step(0, 0.0, 2.5, [(0, 1)], 0, 0, 0)
+    s = summarize(Replay("chunked", [req], [step]))
+    assert s["itl_p50_s"] == pytest.approx(0.75)  # the gaps 0.5 and 1.0 s between chunks
+    assert s["tpot_mean_s"] == pytest.approx(1.5 / 4)
+
+
+def _req(i):
+    return SimpleNamespace(id=i, accepted=0, tested=0)
+
+
+def test_the_load_aware_acceptance_follows_the_request_s_recent_outcomes():
+    budget = LoadAware(recency=0.5)
+    budget.observe(_req(1), 4, 4)  # first verification: starts from the pooled 4/4 = 1, stays 1
+    assert budget.alpha(_req(1)) == pytest.approx(1.0)
+    budget.observe(_req(1), 3, 0)  # one rejected token: halfway to 0
+    assert budget.alpha(_req(1)) == pytest.approx(0.5)
+    assert budget.alpha(_req(2)) == pytest.approx(4 / 5)  # a new request: everyone's pooled 4 accepted of 5 tested
+    with pytest.raises(ValueError, match="recency"):
+        LoadAware(recency=1.0)
+
+
+def test_the_load_aware_budget_never_displaces_a_waiting_prompt_token():
+    budget = LoadAware(cost=lambda rows: 0.010)  # flat: every draft would pay if a slot were free
+    budget.observe(_req(99), 4, 4)
+    drafts = [(_req(i), 4) for i in range(3)]
+    assert budget.choose(drafts, batch=3, riding=10, decoding=3, room=0) == [0, 0, 0]
+    assert sum(budget.choose(drafts, batch=3, riding=10, decoding=3, room=5)) == 5
+    assert budget.choose(drafts, batch=3, riding=0, decoding=3) == [4, 4, 4]
+
+
+def test_the_load_aware_pass_cost_is_a_line_through_nearby_passes():
+    budget = LoadAware()
+    for n in (1, 2, 4, 8, 64, 128):  # flat to 8 tokens, steep from there: near 4 the line is the flat part
+        budget.observe_pass(n, 0.02 if n <= 8 else 0.02 + 0.001 * (n - 8))
+    assert budget.pass_cost(4) == pytest.approx(0.02)
+    assert budget.pass_cost(96) == pytest.approx(0.02 + 0.088, rel=0.02)
+
+
+def test_a_drafted_token_is_not_charged_for_the_kv_that_more_sequences_read():
+    budget = LoadAware()
+    for rows, tokens in ((4, 4), (4, 16), (8, 8), (8, 32), (16, 16), (16, 40), (12, 24), (6, 30)):
+        budget.observe_pass(tokens, 0.010 + 0.0001 * tokens + 0.002 * rows, rows=rows)  # each sequence reads its KV
+    cost = budget.line(20, rows=8)
+    assert cost(21) - cost(20) == pytest.approx(0.0001)  # a token's own cost, not a sequence's
+    assert cost(20) == pytest.approx(0.010 + 0.002 + 0.016)
+    one = LoadAware()
+    for rows, tokens in ((4, 4), (8, 8), (16, 16)):  # decode-only passes: tokens = rows, one slope for both
+        one.observe_pass(tokens, 0.010 + 0.0021 * tokens, rows=rows)
+    assert one.line(8, rows=8)(9) - one.line(8, rows=8)(8) == pytest.approx(0.0021)
+
+
+def test_the_workload_and_trace_check_their_arguments(recorded):
+    kinds = [k for k, _ in specload.workload_prompts(2)]
+    assert kinds.count("grounded") == kinds.count("chat") > 0
+    with pytest.raises(ValueError, match="n_passages"):
+        specload.workload_prompts(0)
+    with pytest.raises(ValueError, match="rate"):
+        specload.trace(recorded, 0.0)
+    with pytest.raises(ValueError, match="copies"):
+        specload.trace(recorded, 1.0, copies=0)
+    burst = specload.trace(recorded, float("inf"), copies=2)
+    assert len(burst) == 2 * len(recorded["prompts"]) and {r.arrival for r in burst} == {0.0}
+    assert torch.tensor([len(r.prompt) for r in burst]).min() > 0
