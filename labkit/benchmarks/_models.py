@@ -1,7 +1,7 @@
 """Loading a benchmark's model, or saying why the benchmark is skipped."""
 from __future__ import annotations
 
-__all__ = ["load_or_skip"]
+__all__ = ["load_or_skip", "source_ids"]
 
 
 def load_or_skip(name: str, **kwargs):
@@ -14,3 +14,10 @@ def load_or_skip(name: str, **kwargs):
         print(f"  skipped: {exc}")
         return None, None, {"skipped": str(exc)}
     return model, tok, None
+
+
+def source_ids(tok, chars: int = 60_000) -> list[int]:
+    """The first `chars` characters of the held-out plays as `tok`'s ids: the text serving prompts are cut from."""
+    from labkit.data import data_path
+
+    return tok.encode(data_path("shakespeare_val.txt").read_text()[:chars])

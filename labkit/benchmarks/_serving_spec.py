@@ -56,7 +56,7 @@ def _mark(ok: bool) -> str:
 def section(model, tok, quick: bool = False, reuse: dict | None = None) -> dict:
     """Record, measure, sweep, check. `reuse`: a previous report's results, whose recording and pass costs are taken
     as they are (the sweeps and the live check run again)."""
-    from labkit.benchmarks.serving import source_ids
+    from labkit.benchmarks._models import source_ids
     from labkit.serving import specload
     from labkit.serving.passcost import measure_pass_costs, step_time
 

@@ -7,6 +7,8 @@ clock (each step's real wall time; idle gaps skipped). Targets are printed as me
 """
 from __future__ import annotations
 
+from labkit.benchmarks._models import source_ids  # noqa: F401  (chapter 09 imports it from here)
+
 TITLE = ("Serving: static vs continuous vs chunked batching, decode vs batch, chunked prefill, prefix caching, endpoint, "
          "TP/DP/disaggregation, speculation budgets under load")
 
@@ -21,12 +23,6 @@ PRICE_H100 = 3.00   # $/hour for one H100 rented: an assumption, set your own
 
 def _mark(ok: bool) -> str:
     return "met" if ok else "NOT met"
-
-
-def source_ids(tok, chars: int = 60_000) -> list[int]:
-    from labkit.data import data_path
-
-    return tok.encode(data_path("shakespeare_val.txt").read_text()[:chars])
 
 
 def policies(model, source, trace_opts: dict, max_batch: int = 16, progress: bool = False) -> dict:
