@@ -161,6 +161,7 @@ def check_spec_keep(fn) -> bool:
         ([0.8, 0.6], [4, 4], 2, 30, 3, _affine(0.010, 0.0)),             # three free slots, then prompts wait
         ([0.95, 0.85, 0.4], [6, 2, 6], 3, 10, None, _concave),            # a cost that grows slower than n
         ([0.5, 0.99], [2, 8], 8, 0, 0, _affine(0.010, 0.0)),              # no free slot at all
+        ([0.5, 0.5], [3, 3], 2, 10, None, _affine(0.0, 0.001)),           # T ∝ n, but riding tokens emit nothing
     ]
     return check("spec_keep", fn, _reference_spec_keep, cases,
                  hint="rank every candidate token (request i, position j) by alpha_i ** j; walk them in that order; a "

@@ -14,16 +14,15 @@ pass: `observe_pass`, `observe`), four policies:
 - `LoadAware(...)`: the rule below, decided per pass from measured inputs only.
 
 The load-aware rule. Inputs, all measured: request i's acceptance α_i, and the pass cost T(n).
-α_i is recency-weighted: every drafted token the engine tests (the accepted ones and the first
-rejected one) moves it toward 1 or 0 by a share 1 − `recency` (0.5: the last few verifications
-count most), starting from the acceptance pooled over every request verified so far. Acceptance
-comes in runs: with prompt lookup, a request that is copying from its prompt has its next draft
-accepted far more often than one whose last draft was rejected (on the workload of
-`labkit.serving.specload`, the first drafted token was accepted 73–87 % of the time after a
-wholly accepted draft and 15–31 % after a wholly rejected one), so the recent outcome predicts
-better than the request's whole history. T(n), the seconds of a pass of n tokens: a least-squares
+α_i is an exponential moving average of the request's verifications: every drafted token the engine
+tests (the accepted ones and the first rejected one) moves it toward 1 or 0 by a share 1 − `recency`
+(0.5: the last few verifications count most), starting from the acceptance pooled over every request
+verified so far. Acceptance comes in runs (a request copying a passage from its prompt keeps being
+right; one whose draft was just rejected often is again), so the recent outcome predicts better than
+the request's whole history. T(n), the seconds of a pass of n tokens: a least-squares
 fit to the engine's recent passes (the last 256) whose token counts lie near n (n/2 to 2n + 16), with
-the number of sequences in the pass as a second variable wherever the two vary apart. A drafted token
+the number of sequences in the pass as a second variable wherever the two vary apart (the prompt
+chunks riding in a pass count as one sequence; beyond the fitted window T is extrapolated linearly). A drafted token
 adds a token to the pass, not a sequence, and the keys and values that more sequences read (a large
 part of a GPU pass, modelled) are then not charged to it. A cost can also be given beforehand
 (`passcost.step_time(passcost.measure_pass_costs(...))`).
@@ -41,10 +40,12 @@ would displace one: the prompt token must still run later, so the work grows by 
 saving of α_i^j < 1 token of decoding, a loss whatever T is (the batch capacity DSpark's argument
 is about). Where T is flat in n (a memory-bound pass) almost any token with α > 0 is kept; where T
 grows in proportion to n (compute-bound) a token is kept only if it is more likely to be accepted
-than the pass's average row is to emit. With no acceptance measured yet, or T known at fewer than
-two token counts, every request verifies one drafted token (a probe); and after `probe_every`
-passes in which nobody drafted, the request that waited longest verifies one, so that α stays
-measured (at most one token every `probe_every` passes).
+than the pass's average token is to emit (E/N; prompt tokens riding along emit nothing).
+
+With no acceptance measured yet, or T known at fewer than two token counts, every request verifies
+one drafted token (a probe); and after `probe_every` consecutive passes in which requests had
+drafts but none was kept, the one among them that waited longest verifies one, so that the pooled
+α stays measured. A single request whose α has fallen is not probed while others draft.
 """
 from __future__ import annotations
 
