@@ -1,7 +1,10 @@
-"""SmolLM2 on this machine: the KV cache's speed-up vs generated length, TTFT vs prompt length, ITL vs position."""
+"""SmolLM2 on this machine: the KV cache's speed-up vs generated length, TTFT vs prompt length, ITL vs position;
+then KV compression at equal bytes (`labkit.generation.compression`): per byte budget, each kind's bytes per
+token held, perplexity of held-out Shakespeare, passkey accuracy and ITL at the longest position."""
 from __future__ import annotations
 
-TITLE = "KV cache: speed-up over no cache vs length (where it crosses 5x), TTFT vs prompt, ITL vs position"
+TITLE = ("KV cache: speed-up over no cache vs length (where it crosses 5x), TTFT vs prompt, ITL vs position; "
+         "compression at equal bytes (perplexity, passkey, ITL)")
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
@@ -47,5 +50,54 @@ def run(quick: bool = False) -> dict:
         for row in latency.itl_sweep(model, [1024], steps=7, cache=["contiguous", "paged", "sliding", "quantized"]):
             kinds[row["cache"]] = row["itl_s"]
             print(f"  {row['cache']:12s}   {row['itl_s'] * 1e3:8.1f} ms")
+    compression = _compression(model, tok, quick)
     return {"prompt_len": len(ids), "speedup": rows, "crosses_5x_at": cross, "ttft": ttft, "itl": itl,
-            "itl_by_kind_at_1024": kinds, "threads": torch.get_num_threads()}
+            "itl_by_kind_at_1024": kinds, "compression": compression, "threads": torch.get_num_threads()}
+
+
+# quick: 2k tokens, one budget; full: the model's 8k context, three budgets
+COMPRESSION = {True: dict(length=2048, fractions=(0.25,), trials=3, positions=[512, 1024, 2048], steps=5,
+                          passkey_lengths=[1024, 2048]),
+               False: dict(length=8192, fractions=(0.1, 0.25, 0.5), trials=5, positions=[1024, 2048, 4096, 8192],
+                           steps=7, passkey_lengths=[1024, 2048, 4096, 8192])}
+
+
+def _compression(model, tok, quick: bool) -> dict:
+    """Every cache kind at equal bytes: one table per budget, plus the full cache's passkey accuracy by length."""
+    from labkit.benchmarks._models import source_ids
+    from labkit.generation.compression import compare_at_budget
+    from labkit.generation.passkey import passkey_accuracy
+
+    plan = COMPRESSION[quick]
+    L, trials = plan["length"], plan["trials"]
+    print(f"  KV compression at equal bytes, L = {L} tokens (held-out Shakespeare for perplexity; passkey: "
+          f"a 5-digit key in repeated neutral filler, {trials} seeded trials, greedy)")
+    baseline = {}
+    for n in plan["passkey_lengths"][:-1]:  # the last length is measured in the table itself
+        baseline[n] = passkey_accuracy(model, tok, n, trials)["accuracy"]
+    text = source_ids(tok, 12 * L)[:L]
+    tables = []
+    for f in plan["fractions"]:
+        out = compare_at_budget(model, tok, text, f, trials=trials, itl_positions=plan["positions"],
+                                itl_steps=plan["steps"], known={r["name"]: r for t in tables for r in t["rows"]})
+        baseline[L] = out["baseline_passkey"]
+        tables.append(out)
+        print(f"  budget {f:.0%} of the full cache's bytes at {L} tokens ({out['full_bytes'] / 2**20:.0f} MiB); "
+              f"SnapKV's perplexity row keeps room for its {out['tail']}-token scored tail")
+        print(f"  {'method':9s} {'options':30s} {'bytes/tok':>9s} {'share':>6s} {'ppl':>7s} {'ppl tail':>8s} "
+              f"{'passkey':>7s} {'ITL ms @' + str(plan['positions'][-1]):>12s}")
+        for r in out["rows"]:
+            opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or f"max_len={L}"
+            share = f"{r['fraction']:.3f}" + ("" if r["settable"] else "*")
+            print(f"  {r['name']:9s} {opts:30s} {r['bytes_per_token']:9.0f} {share:>6s} {r['ppl']:7.2f} "
+                  f"{r['ppl_tail']:8.2f} {r['passkey']:7.2f} {r['itl_s'] * 1e3:12.1f}")
+        print("  * quantized KV cannot be set to a budget: its share is what its bit width gives")
+    print("  full cache passkey accuracy by length: " + ", ".join(f"{n}: {a:.2f}" for n, a in baseline.items()))
+    failing = [n for n, a in baseline.items() if a < 1]
+    if failing:
+        print(f"  the full cache fails the passkey too at {failing} tokens: compressed rows there are bounded by it")
+    print("  ITL (ms) by position, full cache vs the kinds at the first budget:")
+    for p in plan["positions"]:
+        cells = "  ".join(f"{r['name']} {r['itl_s'] * 1e3:6.1f}" for r in tables[0]["itl"] if r["position"] == p)
+        print(f"  {p:6d}  {cells}")
+    return {"length": L, "tables": tables, "baseline_passkey": baseline}

@@ -1,0 +1,182 @@
+"""Equal bytes across cache kinds, long-context perplexity through them, the passkey task."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from labkit.kvcache.longcontext import feed, long_perplexity, stream_nll
+from labkit.kvcache.memory import kv_bytes_per_token
+from labkit.kvcache.sizing import equal_bytes_options, full_bytes, held_bytes
+from labkit.metrics.likelihood import perplexity
+from tests.kvcache_shared import ids, tiny
+
+QUANT = dict(group_size=8, residual=16)  # the tiny model's head_dim is 8
+
+
+def _fill(model, kind, options, length, appended=0, chunk=24):
+    """A new cache filled to `length` tokens: SnapKV's prompt of length - appended in one pass, then chunks."""
+    cache = model.new_cache(kind, **{"max_len": length, **options})
+    x = ids(length, seed=5)[0].tolist()
+    prompt = length - appended
+    feed(model, x[:prompt], cache, chunk)
+    if appended:
+        feed(model, x[prompt:], cache, chunk)
+    assert cache.seq_len == length
+    return cache
+
+
+@pytest.mark.parametrize("length", [200, 203])
+@pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5])
+def test_equal_bytes_options_hold_the_target_in_real_caches(length, fraction):
+    model = tiny()
+    one_token = kv_bytes_per_token(model.config, bits=32)
+    for appended in (0, 12):
+        rows = equal_bytes_options(model.config, length, fraction, appended=appended, **QUANT)
+        assert [r["name"] for r in rows] == ["sliding", "h2o", "snapkv", "int8", "int4"]
+        for row in rows:
+            cache = _fill(model, row["kind"], row["options"], length, appended if row["kind"] == "snapkv" else 0)
+            real = cache.bytes_allocated()
+            assert real == pytest.approx(row["bytes"]), row["name"]  # the formula is what bytes_allocated counts
+            assert real == pytest.approx(held_bytes(model.config, row["kind"], {"max_len": length, **row["options"]},
+                                                    length, appended=appended if row["kind"] == "snapkv" else 0))
+            if row["settable"]:  # within one held token (keys, values and the kind's bookkeeping) below the target
+                one = held_bytes(model.config, row["kind"], {"window": 1} if row["kind"] == "sliding" else {"budget": 1}, length)
+                assert one >= one_token
+                assert row["target_bytes"] - one < real <= row["target_bytes"], row["name"]
+            assert row["fraction"] == pytest.approx(real / full_bytes(model.config, length))
+
+
+def test_quantized_reports_its_own_share_and_the_reference_is_the_contiguous_cache():
+    model = tiny()
+    full = model.new_cache("contiguous", max_len=256)
+    assert full.bytes_allocated() == full_bytes(model.config, 256)
+    int8, int4 = [r for r in equal_bytes_options(model.config, 256, 0.1, **QUANT) if r["kind"] == "quantized"]
+    assert not int8["settable"] and not int4["settable"]
+    # codes + a float16 scale and minimum per 8 values, plus 16 full-precision tokens, over 4 bytes a value
+    assert int8["fraction"] == pytest.approx((8 + 4) / 32 + 16 / 256)
+    assert int4["fraction"] == pytest.approx((4 + 4) / 32 + 16 / 256)
+    assert int8["options"] == equal_bytes_options(model.config, 256, 0.5, **QUANT)[3]["options"]
+
+
+@pytest.mark.parametrize("bad, word", [(dict(fraction=0), "fraction"), (dict(fraction=1.5), "fraction"),
+                                       (dict(length=0), "length"), (dict(appended=300), "appended"),
+                                       (dict(fraction=0.01), "fraction")])
+def test_equal_bytes_refuses_bad_input(bad, word):
+    args = {"length": 256, "fraction": 0.25, **bad}
+    with pytest.raises(ValueError, match=word):
+        equal_bytes_options(tiny().config, args.pop("length"), args.pop("fraction"), **args, **QUANT)
+    with pytest.raises(ValueError, match="kind"):
+        held_bytes(tiny().config, "paged", {}, 16)
+
+
+def test_stream_nll_scores_every_token_once_as_the_model_without_cache():
+    model, x = tiny(), ids(150, seed=2)[0].tolist()
+    nll = stream_nll(model, x, model.new_cache("contiguous", max_len=150), chunk=32)
+    assert nll.shape == (149,)
+    assert math.exp(float(nll.mean())) == pytest.approx(perplexity(model, x), rel=1e-5)
+
+
+def test_unbounded_eviction_budget_gives_the_contiguous_perplexity():
+    model, x = tiny(), ids(160, seed=3)[0].tolist()
+    full = long_perplexity(model, x, "contiguous", chunk=32, tail=40)
+    for kind in ("h2o", "snapkv"):
+        got = long_perplexity(model, x, kind, {"budget": 1000}, chunk=32, tail=40)
+        assert got["ppl"] == pytest.approx(full["ppl"], rel=1e-5), kind
+        assert got["ppl_tail"] == pytest.approx(full["ppl_tail"], rel=1e-5), kind
+        assert got["held"] == 160
+    small = long_perplexity(model, x, "h2o", {"budget": 16}, chunk=32, tail=40)  # a real budget changes the scores
+    assert small["held"] == 16 and abs(small["ppl_tail"] - full["ppl_tail"]) > 1e-3 * full["ppl_tail"]
+    with pytest.raises(ValueError, match="tail"):
+        long_perplexity(model, x, "h2o", {"budget": 16}, tail=160)
+
+
+# ---- the passkey task (SmolLM2's tokenizer: fast to load; skipped without the GGUF package) --------------
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from labkit.data import paths
+    from labkit.tokenizer import get_tokenizer
+
+    try:
+        paths.smollm2_gguf_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    return get_tokenizer("smollm2")
+
+
+@pytest.mark.parametrize("filler", ["repeat", "shakespeare"])
+@pytest.mark.parametrize("length", [1024, 2048, 8192])
+def test_passkey_prompt_is_seeded_sized_and_holds_the_key_where_it_says(tok, length, filler):
+    from labkit.generation.passkey import passkey_prompt
+
+    task = passkey_prompt(tok, length, seed=7, filler=filler)
+    assert task == passkey_prompt(tok, length, seed=7, filler=filler)  # deterministic
+    other = passkey_prompt(tok, length, seed=8, filler=filler)
+    assert (other["key"], other["depth"]) != (task["key"], task["depth"])
+    assert abs(task["length"] - length) <= 3 and task["length"] == len(task["ids"])
+    assert len(task["key"]) == 5 and task["key"].isdigit()
+    i = task["key_index"]
+    assert tok.decode(task["ids"][i:i + 5]) == task["key"]
+    assert "pass key is" in tok.decode(task["ids"][i - 6:i])
+    assert abs(i / length - task["depth"]) < 0.06  # the needle sits at its depth of the filler
+    assert tok.decode(task["ids"]).count(task["key"]) == 2  # the needle says it twice, nothing else does
+    assert tok.decode(task["ids"][-30:]).count("What is the pass key?") == 1
+
+
+def test_passkey_prompt_refuses_bad_input(tok):
+    from labkit.generation.passkey import passkey_prompt
+
+    for bad, word in [(dict(length=10), "length"), (dict(digits=0), "digits"), (dict(filler="lorem"), "filler")]:
+        with pytest.raises(ValueError, match=word):
+            passkey_prompt(tok, **{"length": 1024, **bad})
+
+
+def test_score_answer_accepts_the_key_and_rejects_others():
+    from labkit.generation.passkey import score_answer
+
+    assert score_answer("The pass key is 41190.", "41190")
+    assert score_answer("41190", "41190")
+    for wrong in ("4119", "411900", "41191", "no idea", "", "The pass key is 4 1190"):
+        assert not score_answer(wrong, "41190"), wrong
+
+
+@torch.inference_mode()
+def test_compare_at_budget_runs_every_kind_on_a_tiny_model_with_smollm2s_vocabulary(tok):
+    from labkit.generation.compression import compare_at_budget
+
+    model = tiny(vocab_size=tok.vocab_size, d_model=96, n_heads=3, n_kv_heads=1, max_seq_len=512)
+    text = tok.encode("To be, or not to be, that is the question. " * 60)[:400]
+    out = compare_at_budget(model, tok, text, 0.25, trials=1, tail=64, chunk=64, itl_positions=[100, 400], itl_steps=1)
+    names = [r["name"] for r in out["rows"]]
+    assert names == ["full", "sliding", "h2o", "snapkv", "int8", "int4"]
+    for row in out["rows"]:
+        target = 1.0 if row["name"] == "full" else 0.25
+        if row["settable"]:
+            assert target - 0.02 < row["fraction"] <= target + 1e-9, row["name"]
+        assert row["ppl"] > 1 and 0 <= row["passkey"] <= 1 and row["itl_s"] > 0
+    assert {(r["name"], r["position"]) for r in out["itl"]} == {(n, p) for n in names for p in (100, 400)}
+
+
+def test_docstring_examples():
+    import doctest
+
+    import labkit.kvcache.sizing as sizing
+
+    result = doctest.testmod(sizing)
+    assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.slow
+def test_smollm2_retrieves_the_passkey_with_the_full_cache_at_1k():
+    """The task is within the real model's reach (what compressed kinds are measured against), and a window
+    that holds only the question cannot answer it (the scorer does not pass a guess)."""
+    from labkit.generation.passkey import passkey_accuracy, passkey_prompt, passkey_trial
+    from tests.smollm2_shared import smollm2
+
+    model, tok = smollm2()
+    assert passkey_accuracy(model, tok, 1024, trials=3)["accuracy"] == 1.0
+    task = passkey_prompt(tok, 1024, seed=0)
+    assert not passkey_trial(model, tok, task, "sliding", {"window": 36, "sinks": 4}, chunk=16)["correct"]
