@@ -84,12 +84,12 @@ def _compression(model, tok, quick: bool) -> dict:
         tables.append(out)
         print(f"  budget {f:.0%} of the full cache's bytes at {L} tokens ({out['full_bytes'] / 2**20:.0f} MiB); "
               f"SnapKV's perplexity row keeps room for its {out['tail']}-token scored tail")
-        print(f"  {'method':9s} {'options':30s} {'bytes/tok':>9s} {'share':>6s} {'ppl':>7s} {'ppl tail':>8s} "
+        print(f"  {'method':9s} {'options':38s} {'bytes/tok':>9s} {'share':>6s} {'ppl':>7s} {'ppl tail':>8s} "
               f"{'passkey':>7s} {'ITL ms @' + str(plan['positions'][-1]):>12s}")
         for r in out["rows"]:
             opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or f"max_len={L}"
             share = f"{r['fraction']:.3f}" + ("" if r["settable"] else "*")
-            print(f"  {r['name']:9s} {opts:30s} {r['bytes_per_token']:9.0f} {share:>6s} {r['ppl']:7.2f} "
+            print(f"  {r['name']:9s} {opts:38s} {r['bytes_per_token']:9.0f} {share:>6s} {r['ppl']:7.2f} "
                   f"{r['ppl_tail']:8.2f} {r['passkey']:7.2f} {r['itl_s'] * 1e3:12.1f}")
         print("  * quantized KV cannot be set to a budget: its share is what its bit width gives")
     print("  full cache passkey accuracy by length: " + ", ".join(f"{n}: {a:.2f}" for n, a in baseline.items()))
