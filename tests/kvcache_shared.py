@@ -32,3 +32,26 @@ def run_pieces(model, x: torch.Tensor, cache, splits) -> torch.Tensor:
         start += n
     assert start == x.shape[1]
     return torch.cat(out, dim=1)
+
+
+def fail_second_layer_then_retry(model, x, kind: str, opts: dict, prefix: int = 13):
+    """Run `prefix` tokens, make the next pass fail in its second layer, check the error, then run the pass again:
+    (the cache, its (seq_len, n_cached: tokens held, seq_len where a kind keeps all) right after the failure, the retried pass's logits, an undisturbed run's)."""
+    import pytest
+
+    reference = run_pieces(model, x, model.new_cache(kind, max_len=40, **opts), [prefix, x.shape[1] - prefix])
+    cache = model.new_cache(kind, max_len=40, **opts)
+    run_pieces(model, x[:, :prefix], cache, [prefix])
+    update = cache.update
+
+    def failing(layer, k, v, rope):
+        if layer == 1:
+            raise RuntimeError("the second layer failed")
+        return update(layer, k, v, rope)
+
+    cache.update = failing
+    with pytest.raises(RuntimeError, match="second layer"):
+        model(x[:, prefix:], cache=cache)
+    del cache.update
+    after = (cache.seq_len, getattr(cache, "n_cached", cache.seq_len))
+    return cache, after, model(x[:, prefix:], cache=cache), reference[:, prefix:]

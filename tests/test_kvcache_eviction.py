@@ -12,7 +12,7 @@ from labkit.kvcache.base import attention, causal_mask
 from labkit.kvcache.h2o import H2OCache
 from labkit.kvcache.snapkv import SnapKVCache
 from labkit.model import ModelConfig
-from tests.kvcache_shared import ids, run_pieces, tiny
+from tests.kvcache_shared import fail_second_layer_then_retry, ids, run_pieces, tiny
 
 SPLITS = [7, 1, 1, 1, 3, 1, 5, 1, 4, 1, 5]  # a prompt, decode steps and chunks: 30 tokens
 UNBOUNDED = {"h2o": {"budget": 30}, "snapkv": {"budget": 30, "window": 4}}
@@ -216,22 +216,8 @@ def test_a_pass_that_fails_midway_leaves_the_cache_as_it_was():
     model = tiny()
     x = ids(30)
     for kind, opts in (("h2o", {"budget": 8}), ("snapkv", {"budget": 8, "window": 2})):
-        reference = run_pieces(model, x, model.new_cache(kind, max_len=40, **opts), [13, 17])
-        cache = model.new_cache(kind, max_len=40, **opts)
-        run_pieces(model, x[:, :13], cache, [13])
-        update = cache.update
-
-        def failing(layer, k, v, rope, update=update):
-            if layer == 1:
-                raise RuntimeError("the second layer failed")
-            return update(layer, k, v, rope)
-
-        cache.update = failing
-        with pytest.raises(RuntimeError, match="second layer"):
-            model(x[:, 13:], cache=cache)
-        del cache.update
-        assert cache.seq_len == 13 and cache.n_cached == 8
-        assert torch.equal(model(x[:, 13:], cache=cache), reference[:, 13:])
+        cache, after, retried, reference = fail_second_layer_then_retry(model, x, kind, opts)
+        assert after == (13, 8) and torch.equal(retried, reference)
         with pytest.raises(RuntimeError, match="needs every layer's keys"):
             model(x[:, :1], cache=cache, n_layers=1)
         assert cache.seq_len == 30

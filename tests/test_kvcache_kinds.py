@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from labkit.kvcache import kinds, new_cache
-from tests.kvcache_shared import ids, run_pieces, tiny
+from tests.kvcache_shared import fail_second_layer_then_retry, ids, run_pieces, tiny
 
 LOSSLESS = {
     "contiguous": {},
@@ -115,21 +115,6 @@ def test_docstring_examples(module):
                                        ("quantized", {"group_size": 8, "residual": 8})])
 @torch.inference_mode()
 def test_a_pass_that_fails_midway_leaves_the_cache_as_it_was(kind, opts):
-    model = tiny()
-    x = ids(30)
-    reference = run_pieces(model, x, model.new_cache(kind, max_len=40, **opts), [13, 17])
-    cache = model.new_cache(kind, max_len=40, **opts)
-    run_pieces(model, x[:, :13], cache, [13])
-    update = cache.update
-
-    def failing(layer, k, v, rope):
-        if layer == 1:
-            raise RuntimeError("the second layer failed")
-        return update(layer, k, v, rope)
-
-    cache.update = failing
-    with pytest.raises(RuntimeError, match="second layer"):
-        model(x[:, 13:], cache=cache)
-    del cache.update
-    assert cache.seq_len == 13
-    assert torch.equal(model(x[:, 13:], cache=cache), reference[:, 13:])
+    _, (seq_len, _), retried, reference = fail_second_layer_then_retry(tiny(), ids(30), kind, opts)
+    assert seq_len == 13
+    assert torch.equal(retried, reference)

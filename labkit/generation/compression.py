@@ -18,12 +18,9 @@ it is. Each kind is then measured three ways:
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
-from labkit.generation.latency import filler_ids
+from labkit.generation.latency import filler_ids, time_steps
 from labkit.generation.passkey import passkey_accuracy
 from labkit.kvcache.longcontext import feed, long_perplexity
 from labkit.kvcache.sizing import equal_bytes_options, full_bytes
@@ -59,14 +56,7 @@ def itl_by_position(model, specs, positions, steps: int = 5, chunk: int = 512) -
             token = torch.tensor([[int(feed(model, filler_ids(p, model.config.vocab_size), kv, chunk).argmax())]])
             model.step(token, cache=kv)  # warm-up: the first step after a prompt may allocate
             runs.append([spec["name"], p, kv, token])
-    times = [[] for _ in runs]
-    for _ in range(steps):
-        for run, t in zip(runs, times):
-            start = time.perf_counter()
-            logits = model.step(run[3], cache=run[2], last_only=True)
-            run[3] = logits[:, -1].argmax(-1, keepdim=True)
-            t.append(time.perf_counter() - start)
-    return [{"name": name, "position": p, "itl_s": statistics.median(t)} for (name, p, *_), t in zip(runs, times)]
+    return [{"name": name, "position": p, "itl_s": t} for (name, p, *_), t in zip(runs, time_steps(model, runs, steps))]
 
 
 def compare_at_budget(model, tok, text_ids, fraction: float, *, trials: int = 3, tail: int = 256, chunk: int = 256,

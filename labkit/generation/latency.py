@@ -19,7 +19,7 @@ import time
 
 import torch
 
-__all__ = ["filler_ids", "ttft_sweep", "itl_sweep", "generate_without_cache", "generate_with_cache",
+__all__ = ["filler_ids", "ttft_sweep", "itl_sweep", "time_steps", "generate_without_cache", "generate_with_cache",
            "speedup_run", "predict_speedup", "crossing", "interpolate", "reply_estimate"]
 
 
@@ -54,6 +54,19 @@ def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
     return [{"prompt_len": p, "ttft_s": statistics.median(times[p])} for p in prompt_lens]
 
 
+def time_steps(model, runs: list[list], steps: int) -> list[float]:
+    """Median seconds of a greedy decode step for each run (a list ending with its cache and its next token [1, 1],
+    both updated in place), the runs interleaved step by step so that a drift of the machine's speed hits all alike."""
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(steps):
+        for run, t in zip(runs, times):
+            start = time.perf_counter()
+            logits = model.step(run[-1], cache=run[-2], last_only=True)
+            run[-1] = logits[:, -1].argmax(-1, keepdim=True)
+            t.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
 @torch.inference_mode()
 def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts) -> list[dict]:
     """Median decode-step time (the ITL) at each position.
@@ -75,14 +88,7 @@ def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts
             token = torch.tensor([[int(state.logits.argmax())]])
             model.step(token, cache=state.cache)  # warm-up step (the token is the model's own: no id check, as in decode)
             runs.append([p, kind, state.cache, token])
-    times: list[list[float]] = [[] for _ in runs]
-    for _ in range(steps):
-        for run, t in zip(runs, times):
-            start = time.perf_counter()
-            logits = model.step(run[3], cache=run[2], last_only=True)
-            run[3] = logits[:, -1].argmax(-1, keepdim=True)
-            t.append(time.perf_counter() - start)
-    rows = [{"position": p, "itl_s": statistics.median(t)} for (p, *_), t in zip(runs, times)]
+    rows = [{"position": run[0], "itl_s": t} for run, t in zip(runs, time_steps(model, runs, steps))]
     if isinstance(cache, (list, tuple)):
         for row, run in zip(rows, runs):
             row["cache"] = run[1]
