@@ -160,6 +160,20 @@ def test_compare_at_budget_runs_every_kind_on_a_tiny_model_with_smollm2s_vocabul
     assert {(r["name"], r["position"]) for r in out["itl"]} == {(n, p) for n in names for p in (100, 400)}
 
 
+@torch.inference_mode()
+def test_passkey_and_itl_refuse_what_the_context_window_cannot_hold(tok):
+    from labkit.generation.compression import budget_specs, itl_by_position
+    from labkit.generation.passkey import passkey_prompt, passkey_trial
+
+    model = tiny(vocab_size=tok.vocab_size, d_model=96, n_heads=3, n_kv_heads=1, max_seq_len=512)
+    task = passkey_prompt(tok, 500)
+    with pytest.raises(ValueError, match="no room for max_new_tokens=16"):
+        passkey_trial(model, tok, task)
+    assert passkey_trial(model, tok, task, max_new_tokens=512 - len(task["ids"]) + 1)["bytes"] > 0  # exactly fits
+    with pytest.raises(ValueError, match="the largest may be 506"):
+        itl_by_position(model, budget_specs(model, 500, 0.25), [100, 507], steps=5)
+
+
 def test_docstring_examples():
     import doctest
 

@@ -49,6 +49,10 @@ def itl_by_position(model, specs, positions, steps: int = 5, chunk: int = 512) -
         raise ValueError(f"positions must be a non-empty list of positive integers, got {positions!r}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if max(positions) + steps + 1 > model.config.max_seq_len:
+        raise ValueError(f"positions must leave room for {steps + 1} decode steps in the context window of "
+                         f"{model.config.max_seq_len}: the largest may be {model.config.max_seq_len - steps - 1}, "
+                         f"got {max(positions)}")
     runs = []  # [name, position, cache, next token]
     for spec in specs:
         for p in positions:

@@ -112,6 +112,10 @@ def passkey_trial(model, tok, task: dict, cache="contiguous", options: dict | No
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    window = model.config.max_seq_len
+    if len(task["ids"]) + max_new_tokens - 1 > window:
+        raise ValueError(f"task of {len(task['ids'])} prompt tokens leaves no room for max_new_tokens={max_new_tokens} "
+                         f"in the context window of {window}: use a prompt of at most {window - max_new_tokens + 1} tokens")
     options = dict(options or {})
     options.setdefault("max_len", len(task["ids"]) + max_new_tokens)
     kv = model.new_cache(cache, **options)
