@@ -15,6 +15,7 @@ from labkit.serving.budget import LoadAware
 from labkit.serving.engine import Replay, Step
 from labkit.serving.recorded import RecordedModel
 from labkit.serving.trace import summarize
+from labkit.viz.serving import spec_load_figure
 from tests.test_serving_speculative import shakespeare  # noqa: F401  (the fixture)
 
 TEXT = ("ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
@@ -130,6 +131,24 @@ def test_a_drafted_token_is_not_charged_for_the_kv_that_more_sequences_read():
     for rows, tokens in ((4, 4), (8, 8), (16, 16)):  # decode-only passes: tokens = rows, one slope for both
         one.observe_pass(tokens, 0.010 + 0.0021 * tokens, rows=rows)
     assert one.line(8, rows=8)(9) - one.line(8, rows=8)(8) == pytest.approx(0.0021)
+
+
+def test_ratios_compare_each_budget_with_no_speculation_at_its_own_load():
+    def row(load, budget, tok_s, tpot, drafted=0, accepted=0, tpp=10.0, steps=4):
+        return {"load": load, "budget": budget, "throughput_tok_s": tok_s, "tpot_mean_s": tpot, "drafted": drafted,
+                "accepted": accepted, "tokens_per_pass": tpp, "steps": steps}
+
+    rows = [row(1, "off", 100.0, 0.020), row(1, "auto", 125.0, 0.010, drafted=20, accepted=15),
+            row(2, "off", 50.0, 0.040), row(2, "fixed:3", 40.0, 0.050, drafted=8, accepted=2)]
+    got = {(r["load"], r["budget"]): r for r in specload.ratios(rows)}
+    assert got[1, "auto"]["throughput"] == pytest.approx(1.25) and got[1, "auto"]["speed"] == pytest.approx(2.0)
+    assert got[2, "fixed:3"]["throughput"] == pytest.approx(0.8) and got[2, "fixed:3"]["speed"] == pytest.approx(0.8)
+    assert got[1, "auto"]["acceptance"] == 0.75 and got[2, "fixed:3"]["drafted_share"] == pytest.approx(8 / 40)
+    assert got[1, "off"]["throughput"] == 1.0 and got[1, "off"]["acceptance"] != got[1, "off"]["acceptance"]  # nan
+    fig = spec_load_figure({"here": specload.ratios(rows)})
+    assert {t.name for t in fig.data} == {"auto, here", "fixed:3, here"}
+    with pytest.raises(ValueError, match="'off' row at load 2"):
+        specload.ratios([rows[0], rows[3]])
 
 
 def test_the_workload_and_trace_check_their_arguments(recorded):

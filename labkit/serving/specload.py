@@ -23,7 +23,7 @@ from labkit.serving.recorded import RecordedModel
 from labkit.serving.request import Request
 from labkit.serving.trace import summarize
 
-__all__ = ["workload_prompts", "record", "trace", "replay", "sweep", "capacity", "ratios", "ModelledHead", "only",
+__all__ = ["workload_prompts", "serve_once", "record", "trace", "replay", "sweep", "capacity", "ratios", "ModelledHead", "only",
            "BUDGETS", "CHAT"]
 
 BUDGETS = ("off", "fixed:3", "vllm:8:3", "auto")
@@ -95,22 +95,31 @@ class ModelledHead:
         return tokens, None
 
 
-def record(model, tok, prompts: list[tuple[str, str]], max_new_tokens: int = 128, max_batch: int = 16,
-           progress: bool = False) -> dict:
-    """Serve each (kind, prompt) once, greedy, batch-invariant, no drafts: {kinds, prompts (ids), replies (ids),
-    max_new_tokens, stop_ids}."""
+def serve_once(model, tok, texts: list[str], max_new_tokens: int, *, max_batch: int = 16, min_token_budget: int = 512,
+               batch_invariant: bool = True, prefix_cache: bool = False, progress: bool = False) -> list[Request]:
+    """Each text in the chat template, served once by the continuous engine, greedy, to EOS or `max_new_tokens`: the
+    requests, with their outputs (`Request.prompt + Request.output`: a whole conversation as token ids)."""
     from labkit.generation.reply import encode_prompt
 
     eos = getattr(tok, "eos_id", None)
     stop = frozenset() if eos is None else frozenset([eos])
     reqs = [Request(i, encode_prompt(tok, text), max_new_tokens, params={"temperature": 0.0}, stop_ids=stop)
-            for i, (_, text) in enumerate(prompts)]
+            for i, text in enumerate(texts)]
     longest = max(len(r.prompt) for r in reqs) + max_new_tokens
-    engine = Engine(model, policy="continuous", max_batch=max_batch, token_budget=max(512, longest), block_size=16,
-                    num_blocks=max_batch * -(-longest // 16) + 16, batch_invariant=True, prefix_cache=False)
+    engine = Engine(model, policy="continuous", max_batch=max_batch, token_budget=max(min_token_budget, longest),
+                    block_size=16, num_blocks=max_batch * -(-longest // 16) + 16, batch_invariant=batch_invariant,
+                    prefix_cache=prefix_cache)
     engine.replay(reqs, progress=progress)
+    return reqs
+
+
+def record(model, tok, prompts: list[tuple[str, str]], max_new_tokens: int = 128, max_batch: int = 16,
+           progress: bool = False) -> dict:
+    """Serve each (kind, prompt) once, greedy, batch-invariant, no drafts: {kinds, prompts (ids), replies (ids),
+    max_new_tokens, stop_ids}."""
+    reqs = serve_once(model, tok, [text for _, text in prompts], max_new_tokens, max_batch=max_batch, progress=progress)
     return {"kinds": [k for k, _ in prompts], "prompts": [r.prompt for r in reqs], "replies": [r.output for r in reqs],
-            "max_new_tokens": max_new_tokens, "stop_ids": sorted(stop)}
+            "max_new_tokens": max_new_tokens, "stop_ids": sorted(reqs[0].stop_ids)}
 
 
 def only(recorded: dict, kind: str) -> dict:

@@ -65,16 +65,10 @@ def chat_prompts(passages: list[str], quick: bool = False) -> list[str]:
 def generate_conversations(model, tok, prompts: list[str], max_new_tokens: int = 96, max_batch: int = 16,
                            progress: bool = True) -> list[list[int]]:
     """Each prompt in the chat template + SmolLM2's greedy reply (to EOS or max_new_tokens), as token ids."""
-    from labkit.generation.reply import encode_prompt
-    from labkit.serving import Engine, Request
+    from labkit.serving.specload import serve_once
 
-    eos = getattr(tok, "eos_id", None)
-    reqs = [Request(i, encode_prompt(tok, p), max_new_tokens, stop_ids=frozenset() if eos is None else frozenset([eos]))
-            for i, p in enumerate(prompts)]
-    longest = max(len(r.prompt) for r in reqs) + max_new_tokens
-    engine = Engine(model, policy="continuous", max_batch=max_batch, token_budget=max(1024, longest), block_size=16,
-                    num_blocks=max_batch * -(-longest // 16) + 16)
-    engine.replay(reqs, progress=progress)
+    reqs = serve_once(model, tok, prompts, max_new_tokens, max_batch=max_batch, min_token_budget=1024,
+                      batch_invariant=False, prefix_cache=True, progress=progress)
     return [r.prompt + r.output for r in reqs]
 
 
