@@ -1,12 +1,12 @@
-"""`labkit train --model shakespeare|shakespeare-draft|smollm2-mtp|smollm2-heads [--quick]`: train the lab's own models and heads."""
+"""`labkit train --model shakespeare|shakespeare-csa|shakespeare-draft|smollm2-mtp|smollm2-heads [--quick]`: train the lab's own models and heads."""
 from __future__ import annotations
 
 
 def add_parser(sub):
-    p = sub.add_parser("train", help="train the lab's Shakespeare target or draft from scratch, or SmolLM2's MTP head "
+    p = sub.add_parser("train", help="train the lab's Shakespeare target (dense or compressed attention) or draft from scratch, or SmolLM2's MTP head "
                                      "(writes data/NAME.safetensors)")
-    p.add_argument("--model", required=True, choices=["shakespeare", "shakespeare-draft", "smollm2-mtp", "smollm2-heads"],
-                   help="which model to train (smollm2-mtp: the chained drafting head on frozen SmolLM2, labkit.train.mtp; "
+    p.add_argument("--model", required=True, choices=["shakespeare", "shakespeare-csa", "shakespeare-draft", "smollm2-mtp", "smollm2-heads"],
+                   help="which model to train (shakespeare-csa: the target with compressed sparse attention, labkit.model.compressed; smollm2-mtp: the chained drafting head on frozen SmolLM2, labkit.train.mtp; "
                         "smollm2-heads: its zero-copy head and parallel Medusa heads, labkit.train.heads)")
     p.add_argument("--quick", action="store_true", help="a tiny version in about a minute (what the tests train)")
     p.add_argument("--out", metavar="DIR", help="where to write the checkpoint (default data/; --quick defaults to .build/train)")

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 ROPE_LAYOUTS = ("interleaved", "half")
+CSA_FIELDS = ("csa_block", "csa_topk", "csa_window", "csa_index_heads", "csa_index_dim")
 
 
 @dataclass
@@ -39,6 +40,12 @@ class ModelConfig:
     norm_eps: float = 1e-5
     max_seq_len: int = 4096  # the context window
     tie_embeddings: bool = False  # LM head shares the token-embedding matrix
+    # compressed sparse attention (`labkit.model.compressed`, in the spirit of DeepSeek-V4's CSA); 0 = dense
+    csa_block: int = 0  # m: every m consecutive tokens are merged into one compressed KV entry
+    csa_topk: int = 0  # compressed entries the indexer selects for each query
+    csa_window: int = 0  # recent tokens every query also attends to uncompressed
+    csa_index_heads: int = 0  # the indexer's query heads
+    csa_index_dim: int = 0  # the indexer's key and query width
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -61,11 +68,31 @@ class ModelConfig:
             raise ValueError(f"rope_base must be > 1, got {self.rope_base}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+        csa = {f: getattr(self, f) for f in CSA_FIELDS}
+        for field, value in csa.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
+        if any(csa.values()) and not all(csa.values()):
+            raise ValueError(f"compressed attention needs all of {', '.join(CSA_FIELDS)} >= 1 (or all 0 for dense "
+                             f"attention), got {csa}")
+        if self.csa_block and self.csa_window < self.csa_block:
+            raise ValueError(f"csa_window must be at least csa_block (the window covers the block being filled), "
+                             f"got csa_window={self.csa_window} and csa_block={self.csa_block}")
+
+    @property
+    def compressed_attention(self) -> bool:
+        """Whether the attention layers are compressed sparse attention (`labkit.model.compressed`)."""
+        return self.csa_block > 0
 
     @property
     def group_size(self) -> int:
         """Query heads per KV head (GQA): 9 / 3 = 3 for SmolLM2."""
         return self.n_heads // self.n_kv_heads
+
+    @property
+    def index_width(self) -> int:
+        """Outputs of the indexer's projection: its query heads, a weight per head, one key."""
+        return self.csa_index_heads * self.csa_index_dim + self.csa_index_heads + self.csa_index_dim
 
     def replace(self, **changes) -> "ModelConfig":
         """A copy with some fields changed (checked again)."""
@@ -85,6 +112,8 @@ class ModelConfig:
         d, hd = self.d_model, self.head_dim
         q_out, kv_out = self.n_heads * hd, self.n_kv_heads * hd
         attention = d * q_out + 2 * d * kv_out + q_out * d  # Wq, Wk, Wv, Wo
+        if self.compressed_attention:  # the compression's gate and slot bias, the indexer (`labkit.model.compressed`)
+            attention += 2 * d * kv_out + self.csa_block * kv_out + d * self.index_width  # W_c, W_z, slot bias, indexer
         mlp = 3 * d * self.ffn_dim  # gate, up, down
         return {
             "embedding": self.vocab_size * d,
@@ -163,6 +192,11 @@ PRESETS: dict[str, dict] = {
     # the lab's own models (labkit.train), on the 4k Shakespeare BPE
     "shakespeare": dict(vocab_size=4096, d_model=384, n_layers=8, n_heads=6, n_kv_heads=2, ffn_dim=1024,
                         rope_base=10000.0, max_seq_len=512, tie_embeddings=True),
+    # the target's shape with compressed sparse attention (labkit.model.compressed); the FFN is narrowed so the
+    # compression and the indexer leave the parameter count within 1 % of the dense target's
+    "shakespeare-csa": dict(vocab_size=4096, d_model=384, n_layers=8, n_heads=6, n_kv_heads=2, ffn_dim=880,
+                            rope_base=10000.0, max_seq_len=1024, tie_embeddings=True, csa_block=4, csa_topk=16,
+                            csa_window=64, csa_index_heads=4, csa_index_dim=32),
     "shakespeare-draft": dict(vocab_size=4096, d_model=192, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=512,
                               rope_base=10000.0, max_seq_len=512, tie_embeddings=True),
 }

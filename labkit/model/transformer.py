@@ -36,12 +36,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from labkit.kvcache.base import attention, forward_pass, new_cache as _new_cache
+from labkit.model.compressed import CompressedAttention
 from labkit.model.config import ModelConfig
 from labkit.model.kernels import Linear, RMSNorm, attend_rows, linear, rows_mm, transposed
 from labkit.model.rope import Rotary
 from labkit.quant.rows import as_usual
 
-__all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer", "attention_probs"]
+__all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer"]
 
 
 class Attention(nn.Module):
@@ -105,7 +106,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = Attention(config, layer)
+        self.attn = (CompressedAttention if config.compressed_attention else Attention)(config, layer)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = SwiGLU(config)
 
@@ -171,12 +172,20 @@ class Transformer(nn.Module):
         """The LM head matrix [vocab_size, d_model] (the embedding when tied)."""
         return self.tok_embeddings.weight if self.lm_head is None else self.lm_head.weight
 
-    def new_cache(self, kind: str = "contiguous", max_len: int | None = None, batch_size: int = 1,
+    def new_cache(self, kind: str | None = None, max_len: int | None = None, batch_size: int = 1,
                   dtype: torch.dtype | None = None, **opts):
-        """A KV cache for this model: `kind` is any registered kind (`labkit.kvcache.kinds()`).
+        """A KV cache for this model: `kind` is any registered kind (`labkit.kvcache.kinds()`), default 'contiguous'.
+
+        A compressed-attention model takes only 'compressed' (its layers attend on their own);
+        'contiguous' or None give it that, the exact cache of such a model.
 
         `max_len` defaults to the context window; size it to prompt + reply to save memory.
         """
+        if self.config.compressed_attention:  # its exact cache: 'contiguous', every caller's default, means it too
+            if kind not in (None, "contiguous", "compressed"):
+                raise ValueError(f"a compressed-attention model takes only its own cache (kind 'compressed'), got {kind!r}")
+            kind = "compressed"
+        kind = kind or "contiguous"
         return _new_cache(kind, self.config, max_len=max_len, batch_size=batch_size,
                                  dtype=dtype or self.dtype, device=self.device, **opts)
 
@@ -233,6 +242,11 @@ class Transformer(nn.Module):
                 logits = self.head(h)  # [B·T', V]
             return logits.view(B, -1, logits.shape[-1])  # [B, T, V]
 
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        """The layers' own losses of the last training forward (the compressed attention's indexer), summed."""
+        losses = [b.attn.aux_loss for b in self.layers if getattr(b.attn, "aux_loss", None) is not None]
+        return sum(losses) if losses else None
+
     @property
     def n_blocks(self) -> int:
         return len(self.layers)
@@ -284,6 +298,8 @@ class Transformer(nn.Module):
 
     @batch_invariant.setter
     def batch_invariant(self, value: bool) -> None:
+        if value is True and self.config.compressed_attention:
+            raise ValueError("batch_invariant=True is not implemented for compressed attention (csa_block > 0)")
         self._invariant = self._set_on_modules("batch_invariant", "invariant", value, (nn.Module,))
 
     def _set_on_modules(self, setting: str, attr: str, value: bool, kinds: tuple) -> bool:
@@ -293,28 +309,3 @@ class Transformer(nn.Module):
             if isinstance(module, kinds) and hasattr(module, attr):
                 setattr(module, attr, value)
         return value
-
-
-@torch.inference_mode()
-def attention_probs(model: Transformer, ids: torch.Tensor, layer: int) -> torch.Tensor:
-    """The causal attention probabilities of one layer: float32 [n_heads, T, T] (batch item 0).
-
-    Runs the blocks before `layer`, then recomputes that layer's softmax(q·kᵀ/√d) explicitly
-    (the forward pass itself uses a fused kernel that never materialises it).
-    """
-    model.check_ids(ids)
-    if not 0 <= layer < model.config.n_layers:
-        raise ValueError(f"layer must be in [0, {model.config.n_layers}), got {layer}")
-    T = ids.shape[1]
-    positions = torch.arange(T, device=ids.device)
-    x = model.tok_embeddings(ids)
-    for block in model.layers[:layer]:
-        x = block(x, model.rope, positions)
-    attn = model.layers[layer].attn
-    q, k, _ = attn.wqkv(model.layers[layer].attn_norm(x)).split(attn.split, dim=-1)
-    q = model.rope(q.view(*ids.shape, attn.n_heads, attn.head_dim).transpose(1, 2), positions)  # [B, n_heads, T, hd]
-    k = model.rope(k.view(*ids.shape, attn.n_kv_heads, attn.head_dim).transpose(1, 2), positions)
-    k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # [B, n_heads, T, hd]: head h reads KV head h // g
-    scores = (q @ k.transpose(-1, -2)).float() / attn.head_dim ** 0.5  # [B, n_heads, T, T]
-    causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-    return scores.masked_fill(~causal, float("-inf")).softmax(-1)[0]

@@ -14,6 +14,9 @@ Distillation (Hinton et al. 2015) trains a draft to imitate its target: the loss
 a = `distill` and τ = `temperature`. Matching the target's whole distribution, not just
 the next token, is what raises the draft's acceptance rate in speculative decoding.
 
+A model whose layers carry a loss of their own (`Transformer.auxiliary_loss`: the indexer of
+compressed attention, `labkit.model.compressed`) adds it; the curve logs it as `index_kl`.
+
     >>> record = train(model, settings, train_ids, val_ids)          # doctest: +SKIP
     >>> record["val"][-1]                                             # {'step': ..., 'val_loss': ...}
 """
@@ -117,6 +120,9 @@ def train(model, settings: TrainSettings, train_ids: torch.Tensor, val_ids: torc
             with torch.no_grad():
                 teacher_logits = teacher(x)
         loss, ce = loss_fn(model(x), y, teacher_logits, s.distill, s.temperature)
+        aux = model.auxiliary_loss()  # a compressed-attention model's indexer loss (trains the indexer alone)
+        if aux is not None:
+            loss = loss + aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
@@ -125,7 +131,7 @@ def train(model, settings: TrainSettings, train_ids: torch.Tensor, val_ids: torc
         elapsed = time.perf_counter() - t_start
         if step % log_every == 0 or step == s.steps - 1:
             curve.append({"step": step, "lr": lr, "loss": float(loss.detach()), "ce": float(ce.detach()), "grad_norm": grad_norm,
-                          "tokens_per_s": tokens / elapsed})
+                          "tokens_per_s": tokens / elapsed, **({"index_kl": float(aux.detach())} if aux is not None else {})})
         if (step + 1) % s.eval_every == 0 or step == s.steps - 1:
             val.append({"step": step, "val_loss": evaluate(model, val_x, val_y)})
         if bar is not None:
