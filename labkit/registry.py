@@ -5,7 +5,7 @@ Each entry is a `ModelSpec`: a one-line description and a loader function. New m
 where their loader lives, or in this table; nothing else needs to change.
 
     >>> sorted(available_models())                  # doctest: +SKIP
-    ['shakespeare', 'shakespeare-draft', 'smollm2-135m']
+    ['shakespeare', 'shakespeare-csa', 'shakespeare-draft', 'smollm2-135m']
     >>> model, tok = load("smollm2-135m")           # doctest: +SKIP
 """
 from __future__ import annotations
@@ -131,5 +131,7 @@ def _shakespeare_loader(name: str):
 
 register("shakespeare", "the lab's Shakespeare target: a small Llama (GQA 6/2 heads) trained by labkit on 33 plays",
          _shakespeare_loader("shakespeare"))
+register("shakespeare-csa", "the target with compressed sparse attention (blocks of 4 tokens, a top-16 indexer, a "
+         "64-token window), trained with the target's recipe", _shakespeare_loader("shakespeare-csa"))
 register("shakespeare-draft", "its draft for speculative decoding: a much smaller Llama, distilled from the target",
          _shakespeare_loader("shakespeare-draft"))

@@ -50,9 +50,10 @@ def run(quick: bool = False) -> dict:
         for row in latency.itl_sweep(model, [1024], steps=7, cache=["contiguous", "paged", "sliding", "quantized"]):
             kinds[row["cache"]] = row["itl_s"]
             print(f"  {row['cache']:12s}   {row['itl_s'] * 1e3:8.1f} ms")
-    compression = _compression(model, tok, quick)
+    compression = compression_tables(model, tok, COMPRESSION[quick])
     return {"prompt_len": len(ids), "speedup": rows, "crosses_5x_at": cross, "ttft": ttft, "itl": itl,
-            "itl_by_kind_at_1024": kinds, "compression": compression, "threads": torch.get_num_threads()}
+            "itl_by_kind_at_1024": kinds, "compression": compression, "compressed_attention": csa_section(quick),
+            "threads": torch.get_num_threads()}
 
 
 # quick: 2k tokens, one budget; full: the model's 8k context (8,192 less room for the reply), three budgets
@@ -62,13 +63,15 @@ COMPRESSION = {True: dict(length=2048, fractions=(0.25,), trials=3, positions=[5
                            steps=7, passkey_lengths=[1024, 2048, 4096, 8176])}
 
 
-def _compression(model, tok, quick: bool) -> dict:
-    """Every cache kind at equal bytes: one table per budget, plus the full cache's passkey accuracy by length."""
+def compression_tables(model, tok, plan: dict) -> dict:
+    """Every cache kind at equal bytes: one table per budget, plus the full cache's passkey accuracy by length.
+
+    ITL is measured at every position of `plan["positions"]` for the first budget, at L for the others.
+    """
     from labkit.benchmarks._models import source_ids
     from labkit.generation.compression import compare_at_budget
     from labkit.generation.passkey import passkey_accuracy
 
-    plan = COMPRESSION[quick]
     L, trials = plan["length"], plan["trials"]
     print(f"  KV compression at equal bytes, L = {L} tokens (held-out Shakespeare for perplexity; passkey: "
           f"a 5-digit key in repeated neutral filler, {trials} seeded trials, greedy)")
@@ -78,7 +81,7 @@ def _compression(model, tok, quick: bool) -> dict:
     text = source_ids(tok, 12 * L)[:L]
     tables = []
     for f in plan["fractions"]:
-        out = compare_at_budget(model, tok, text, f, trials=trials, itl_positions=plan["positions"],
+        out = compare_at_budget(model, tok, text, f, trials=trials, itl_positions=plan["positions"] if not tables else [L],
                                 itl_steps=plan["steps"], known={r["name"]: r for t in tables for r in t["rows"]})
         baseline[L] = out["baseline_passkey"]
         tables.append(out)
@@ -100,4 +103,39 @@ def _compression(model, tok, quick: bool) -> dict:
     for p in plan["positions"]:
         cells = "  ".join(f"{r['name']} {r['itl_s'] * 1e3:6.1f}" for r in tables[0]["itl"] if r["position"] == p)
         print(f"  {p:6d}  {cells}")
-    return {"length": L, "tables": tables, "baseline_passkey": baseline}
+    return {"length": L, "tables": tables, "baseline_passkey": baseline, "plan": plan}
+
+
+CSA_PLAN = {True: dict(contexts=(256, 512, 1024), positions=(256, 1024), steps=5),
+            False: dict(contexts=(256, 512, 1024), positions=(256, 1024, 2048, 4096, 8192), steps=9)}
+
+
+def csa_section(quick: bool) -> dict:
+    """The lab's Shakespeare target against its compressed-attention variant (`labkit.train.compare`)."""
+    import labkit
+    from labkit.data import paths
+    from labkit.tokenizer.named import get_tokenizer
+    from labkit.train.compare import compare_models
+
+    if not paths.data_path("shakespeare-csa.safetensors").exists():
+        print("  compressed attention: data/shakespeare-csa.safetensors is missing (labkit train --model shakespeare-csa)")
+        return {"skipped": "no shakespeare-csa checkpoint"}
+    plan = CSA_PLAN[quick]
+    models = {name: labkit.load(name)[0] for name in ("shakespeare", "shakespeare-csa")}
+    out = compare_models(models, get_tokenizer("shakespeare"), plan["contexts"], plan["positions"], plan["steps"])
+    c = models["shakespeare-csa"].config
+    print(f"  compressed sparse attention, trained by the lab: blocks of {c.csa_block} tokens, top-{c.csa_topk} entries, "
+          f"a window of {c.csa_window}; the dense target's recipe (same tokens, steps, parameters within 1 %)")
+    print(f"  {'model':16s} {'params':>10s} " + " ".join(f"{'bits/B @' + str(n):>11s}" for n in plan["contexts"])
+          + f" {'KV B/token @1024':>17s} {'share':>6s}")
+    for name, model in models.items():
+        q = {r["context"]: r["val_bits_per_byte"] for r in out["quality"] if r["name"] == name}
+        kv = next(r for r in out["kv"] if r["name"] == name)
+        cells = " ".join(f"{q[n]:11.3f}" if n in q else f"{'-':>11s}" for n in plan["contexts"])
+        print(f"  {name:16s} {model.config.n_params():10,d} {cells} {kv['bytes_per_token']:17.0f} {kv['share']:6.3f}")
+    print("  decode step (ms) by position, interleaved (* past the model's window: a longer RoPE table, timed only):")
+    for p in plan["positions"]:
+        cells = "  ".join(f"{r['name']} {r['itl_s'] * 1e3:6.2f}{'*' if r['stretched'] else ' '}"
+                          for r in out["decode"] if r["position"] == p)
+        print(f"  {p:6d}  {cells}")
+    return out

@@ -56,12 +56,14 @@ def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
 
 def time_steps(model, runs: list[list], steps: int) -> list[float]:
     """Median seconds of a greedy decode step for each run (a list ending with its cache and its next token [1, 1],
-    both updated in place), the runs interleaved step by step so that a drift of the machine's speed hits all alike."""
+    both updated in place), the runs interleaved step by step so that a drift of the machine's speed hits all alike.
+    `model=None`: each run starts with its own model (models compared side by side)."""
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(steps):
         for run, t in zip(runs, times):
+            step = (model or run[0]).step
             start = time.perf_counter()
-            logits = model.step(run[-1], cache=run[-2], last_only=True)
+            logits = step(run[-1], cache=run[-2], last_only=True)
             run[-1] = logits[:, -1].argmax(-1, keepdim=True)
             t.append(time.perf_counter() - start)
     return [statistics.median(t) for t in times]

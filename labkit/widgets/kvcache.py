@@ -1,7 +1,7 @@
 """Widgets of chapter 04: sliders wired to the figures of `labkit.viz.kvcache`."""
 from __future__ import annotations
 
-__all__ = ["kv_memory_calculator", "block_size_explorer", "window_explorer", "sliding_slots_explorer"]
+__all__ = ["kv_memory_calculator", "block_size_explorer", "window_explorer", "sliding_slots_explorer", "compression_explorer"]
 
 from labkit.widgets._refresh import figure_box as _figure_box
 
@@ -68,3 +68,17 @@ def sliding_slots_explorer(window: int = 16, sinks: int = 4, seen: int = 40):
         return sliding_slots_figure(n.value, max(w.value, s.value + 1), s.value)
 
     return _figure_box([n, w, s], figure)
+
+
+def compression_explorer(stored: dict, fraction: float = 0.25):
+    """Budget slider over stored equal-bytes tables (`labkit.viz.compression_figure`): `stored` as
+    `labkit.benchmarks.kvcache.compression_tables` returns it (or `data/kv_compression.json`'s "eviction")."""
+    import ipywidgets as widgets
+
+    from labkit.viz.kvcompression import compression_figure
+
+    tables = {t["fraction"]: t for t in stored["tables"]}
+    if fraction not in tables:
+        raise ValueError(f"fraction must be one of the stored budgets {sorted(tables)}, got {fraction!r}")
+    f = widgets.SelectionSlider(options=[(f"{x:.0%}", x) for x in sorted(tables)], value=fraction, description="budget")
+    return _figure_box([f], lambda: compression_figure(tables[f.value]))
