@@ -83,6 +83,18 @@ def test_a_layer_matches_the_rule_written_out_query_by_query():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
+def test_no_query_sees_a_later_token():
+    model = tiny(seed=7)
+    ids = torch.randint(0, 50, (1, 40), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        base = model(ids)
+        for t in (3, 7, 10, 20, 33):
+            changed = ids.clone()
+            changed[0, t + 1:] = (changed[0, t + 1:] + 1) % 50
+            out = model(changed)
+            assert torch.equal(out[:, :t + 1], base[:, :t + 1]) and not torch.equal(out[:, t + 1:], base[:, t + 1:])
+
+
 def test_block_entries_index_scores_and_selection_by_hand():
     c = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])  # B=1, 2 rows (one block of m=2), kv_out = 2
     z = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]])
@@ -143,6 +155,10 @@ def test_the_indexer_learns_alone_and_the_main_loss_does_not_reach_it():
     model.eval()
     with torch.no_grad():
         model(ids)
+    assert model.auxiliary_loss() is None  # an inference forward leaves no loss behind
+    model.train()
+    model(ids[:, :3])  # fewer tokens than a block: no entry yet, so no loss
+    assert model.auxiliary_loss() is None
     dense = Transformer(ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, ffn_dim=64)).train()
     dense(ids)
     assert dense.auxiliary_loss() is None
@@ -167,6 +183,24 @@ def test_what_it_refuses():
     dense = Transformer(ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, ffn_dim=64))
     with pytest.raises(ValueError, match="dense"):
         dense.new_cache("compressed")
+    with pytest.raises(ValueError, match="no fixed bytes per token"):
+        model.config.kv_bytes_per_token(2)
+    with pytest.raises(ValueError, match="csa_window must be at least csa_block and 2"):
+        ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, ffn_dim=64, **{**CSA, "csa_block": 1, "csa_window": 1})
+    from labkit.quant.apply import quantize_model
+    from labkit.serving.parallel import shard
+    from labkit.speculative import PromptLookup, generate as speculative_generate
+
+    with pytest.raises(ValueError, match="compressed-attention model takes method='rtn' only"):
+        quantize_model(model.float(), method="awq", bits=4, calib=torch.randint(0, 50, (1, 16)))
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        shard(model, 0, 1)
+
+    class Tok:
+        eos_id = None
+
+    with pytest.raises(ValueError, match="rolls back rejected tokens"):
+        speculative_generate(model, PromptLookup(), Tok(), [1, 2, 3, 1, 2], max_new_tokens=4, chat=False)
     with pytest.raises(ValueError, match="all of csa_block"):
         ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, ffn_dim=64, csa_block=4)
     with pytest.raises(ValueError, match="csa_window must be at least csa_block"):

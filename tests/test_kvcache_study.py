@@ -171,6 +171,8 @@ def test_widgets_redraw_in_place_when_a_slider_moves():
     ("slot_mapping", lambda t, bs, p: t[p // bs] * bs + p % bs, lambda t, bs, p: t[p // bs] + p % bs),
     ("streaming_keep", None, lambda n, k, w, s: list(range(n))[-(w - k):]),
     ("asym_quantize", None, lambda x, b: x.round()),
+    ("csa_layer_values", lambda n, b, w, kv, ix: min(n, w - 1) * 2 * kv + n // b * (kv + ix) + n % b * (2 * kv + ix),
+     lambda n, b, w, kv, ix: min(n, w) * 2 * kv + n // b * (kv + ix)),  # the window one too long, no pending rows
 ])
 def test_exercises_pass_the_solution_and_fail_a_wrong_answer(name, solution, wrong, capsys):
     from labkit.exercises import kvcache as ex
@@ -180,3 +182,9 @@ def test_exercises_pass_the_solution_and_fail_a_wrong_answer(name, solution, wro
     assert check(reference)
     assert not check(wrong)
     assert "[FAIL]" in capsys.readouterr().out
+    if name == "csa_layer_values":  # each part on its own is needed: drop any one and a case fails
+        for broken in (lambda n, b, w, kv, ix: min(n, w - 1) * 2 * kv + n // b * (kv + ix),
+                       lambda n, b, w, kv, ix: min(n, w - 1) * 2 * kv + n // b * kv + n % b * (2 * kv + ix),
+                       lambda n, b, w, kv, ix: min(n, w - 1) * kv + n // b * (kv + ix) + n % b * (2 * kv + ix),
+                       lambda n, b, w, kv, ix: min(n, w - 1) * 2 * kv + n // b * (kv + ix) + n % b * 2 * kv):
+            assert not check(broken)

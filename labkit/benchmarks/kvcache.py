@@ -133,6 +133,8 @@ def csa_section(quick: bool) -> dict:
         kv = next(r for r in out["kv"] if r["name"] == name)
         cells = " ".join(f"{q[n]:11.3f}" if n in q else f"{'-':>11s}" for n in plan["contexts"])
         print(f"  {name:16s} {model.config.n_params():10,d} {cells} {kv['bytes_per_token']:17.0f} {kv['share']:6.3f}")
+    print("  both were trained on 256-token windows: longer contexts score positions neither saw in training; "
+          "'-': past the model's window")
     print("  decode step (ms) by position, interleaved (* past the model's window: a longer RoPE table, timed only):")
     for p in plan["positions"]:
         cells = "  ".join(f"{r['name']} {r['itl_s'] * 1e3:6.2f}{'*' if r['stretched'] else ' '}"

@@ -2,7 +2,8 @@
 
 **"A 175B model in FP16 needs about 32 GB of KV at prefill."** GPT-3 175B (Brown et al. 2020,
 table 2.1: 96 layers, d_model 12,288, 96 heads of 128, no GQA) stores 2 · 96 · 12,288 values a
-token: 4.72 MB in FP16. `tokens_for_bytes` says how many tokens, across a batch, fill a budget.
+token: 4.72 MB in FP16. `tokens_for_bytes` says how many tokens, across a batch, fill a budget: 32 GB
+is about 6,782 tokens, 3.3 of its full 2,048-token contexts.
 
 **"DeepSeek-V4's KV cache at a million tokens is about 10 % of the previous generation's"**
 (DeepSeek-AI 2026, "DeepSeek-V4: Towards Highly Efficient Million-Token Context Intelligence",
@@ -97,6 +98,8 @@ def layout_bytes(name: str, n_tokens: int, bf16: bool = False) -> float:
 
 def ratio_at(name: str, baseline: str, n_tokens: int, bf16: bool = False) -> float:
     """KV bytes of `name` over `baseline` at `n_tokens` (both in their published dtypes, or both in BF16)."""
+    if not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}")
     return layout_bytes(name, n_tokens, bf16) / layout_bytes(baseline, n_tokens, bf16)
 
 

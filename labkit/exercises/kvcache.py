@@ -1,11 +1,13 @@
-"""Exercises of chapter 04: the cache's size, the paged slot mapping, StreamingLLM's eviction, KIVI's rounding."""
+"""Exercises of chapter 04: the cache's size, the paged slot mapping, StreamingLLM's eviction, KIVI's rounding,
+what a compressed-attention layer's cache holds."""
 from __future__ import annotations
 
 import torch
 
 from labkit.exercises._core import check
 
-__all__ = ["check_kv_bytes_per_token", "check_slot_mapping", "check_streaming_keep", "check_asym_quantize"]
+__all__ = ["check_kv_bytes_per_token", "check_slot_mapping", "check_streaming_keep", "check_asym_quantize",
+           "check_csa_layer_values"]
 
 
 def check_kv_bytes_per_token(fn) -> bool:
@@ -65,3 +67,29 @@ def check_asym_quantize(fn) -> bool:
     return check("asym_quantize", fn, _asym, cases,
                  hint="use the group's min as the zero point and spread 2^bits - 1 steps up to its max; "
                       "x_hat is within scale/2 of x (a constant group has scale 0: return it unchanged)")
+
+
+def _csa_values(n_tokens, block, window, kv_dim, index_dim):
+    from labkit.kvcache.compressed import CompressedCache
+    from labkit.model.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=8, d_model=kv_dim, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=kv_dim, ffn_dim=8,
+                      max_seq_len=max(n_tokens, block), csa_block=block, csa_topk=1, csa_window=window,
+                      csa_index_heads=1, csa_index_dim=index_dim)
+    cache = CompressedCache(cfg, max_len=cfg.max_seq_len)
+    return cache.bytes_at(n_tokens) // cache.win_k.element_size()
+
+
+def check_csa_layer_values(fn) -> bool:
+    """Check `fn(n_tokens, block, window, kv_dim, index_dim) -> values` one compressed-attention layer caches.
+
+    After `n_tokens` tokens of one sequence: the window's keys and values (the last `window - 1`
+    tokens, `kv_dim` each), one entry (`kv_dim`) and one index key (`index_dim`) per finished block
+    of `block` tokens, and for each token of the unfinished block its candidate and its logits
+    (`kv_dim` each) and its index key. `labkit.kvcache.compressed.CompressedCache` is the reference.
+    """
+    cases = [(5, 4, 8, 128, 32), (3, 4, 8, 128, 32), (1024, 4, 64, 128, 32), (1000, 8, 16, 64, 16),
+             (7, 8, 8, 64, 8), (130, 128, 128, 512, 128)]
+    return check("csa_layer_values", fn, _csa_values, cases,
+                 hint="three parts: min(n, window - 1) tokens of keys AND values; n // block entries, each an entry plus "
+                      "an index key; n % block pending rows, each a candidate, its logits and an index key")

@@ -127,8 +127,14 @@ class CompressedCache(KVCache):
         values = n_win * 2 * self.kv_out + n_entries * (self.kv_out + c.csa_index_dim) + n_pending * self.row_width
         return c.n_layers * self.batch_size * values * self.win_k.element_size()
 
+    def bytes_at(self, n_tokens: int) -> int:
+        """Bytes the filled parts of the buffers take once `n_tokens` tokens have been seen (what `bytes_used` reports)."""
+        if not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or not 0 <= n_tokens <= self.max_len:
+            raise ValueError(f"n_tokens must be an integer in [0, {self.max_len}], got {n_tokens!r}")
+        return self._bytes(*self._filled(n_tokens))
+
     def bytes_allocated(self) -> int:
         return self._bytes(*self.capacities())
 
     def bytes_used(self) -> int:
-        return self._bytes(*self._filled(self._len))
+        return self.bytes_at(self._len)

@@ -15,9 +15,10 @@ lab's scale. A query at position t attends, in one softmax, to
   * **the indexer** (DeepSeek-V3.2's lightning indexer): I(t, j) = Σ_h w_{t,h} · relu(q^I_{t,h} · k^I_j)
     over `csa_index_heads` small heads of width `csa_index_dim`; k^I_j is the mean of the block's
     index keys. Top-k selection has no gradient, so the indexer learns on its own: its input is
-    detached and its loss (`aux_loss`, added by the training loop) is the KL divergence from the
-    main heads' attention over all visible compressed entries (averaged over heads) to softmax(I):
-    V3.2's warm-up target, used throughout.
+    detached and its loss (`aux_loss`, set by a training forward and added by the training loop) is
+    the KL divergence from the main heads' attention over all visible compressed entries (averaged
+    over heads) to softmax(I): V3.2's warm-up target, used throughout. (One optimizer and one global
+    gradient clip serve all parameters, the indexer's included.)
 
 What the cache keeps per layer (`labkit.kvcache.compressed`): the window's last w − 1 keys and
 values, one entry and one index key per finished block, and the candidates, logits and index
@@ -61,7 +62,11 @@ def index_scores(iq: torch.Tensor, iw: torch.Tensor, keys: torch.Tensor) -> torc
 
 
 def select_entries(scores: torch.Tensor, visible: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-k visible entries per query: (indices [B, T, k], chosen mask [B, T, N]); ties go to the lower index."""
+    """The top-k visible entries per query: (indices [B, T, k], chosen mask [B, T, N]); ties go to the lower index.
+
+    k = min(topk, N). Where a query sees fewer than k entries, `indices` also lists invisible ones;
+    `chosen` is the mask to use (a decode step sees every entry, so its indices are all chosen).
+    """
     k = min(topk, scores.shape[-1])
     masked = scores.masked_fill(~visible, float("-inf"))
     top = masked.sort(dim=-1, descending=True, stable=True).indices[..., :k]  # stable: equal scores keep index order
@@ -99,6 +104,7 @@ class CompressedAttention(nn.Module):
                              f"(model.new_cache()), got {getattr(cache, 'kind', type(cache).__name__)!r}")
         H, Hkv, D, B = self.n_heads, self.n_kv_heads, self.head_dim, batch
         T = x.shape[0] // B
+        self.aux_loss = None
         qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, D)
         qk = rope.rotate_tokens(qkv[:, :, :H + Hkv], positions)
         q, k, v = qk[:, :, :H], qk[:, :, H:], qkv[:, :, H + Hkv:]
@@ -133,7 +139,7 @@ class CompressedAttention(nn.Module):
         scores = index_scores(iq, iw, ikeys)  # [B, T, N]
         visible = ends <= positions[:, None]  # [T, N]
         top, chosen = select_entries(scores, visible.expand(B, T, N), self.topk)
-        if torch.is_grad_enabled() and N:
+        if self.training and torch.is_grad_enabled() and N:
             self.aux_loss = self._index_loss(q, entries, ends, scores, visible, rope)
         if T == 1:  # a decode step sees every entry that exists: gather the chosen ones, no mask
             picked = entries.gather(1, top[:, 0, :, None].expand(B, top.shape[-1], self.kv_out))  # [B, k, kv_out]
@@ -163,8 +169,8 @@ class CompressedAttention(nn.Module):
         with torch.no_grad():
             ckeys = rope.rotate_tokens(entries.detach().view(B, -1, self.n_kv_heads, D), ends)  # [B, N, Hkv, D]
             ckeys = ckeys.repeat_interleave(H // self.n_kv_heads, dim=2)
-            logits = torch.einsum("bthd,bnhd->bthn", q.detach(), ckeys) / D ** 0.5
+            logits = torch.einsum("bthd,bnhd->bthn", q.detach(), ckeys).float() / D ** 0.5
             target = logits.masked_fill(~visible[:, None], float("-inf")).softmax(-1).mean(2)[:, rows]  # [B, T', N]
-        log_p = scores.masked_fill(~visible, float("-inf")).log_softmax(-1)[:, rows]
+        log_p = scores.float().masked_fill(~visible, float("-inf")).log_softmax(-1)[:, rows]
         log_p = log_p.masked_fill(~visible[rows], 0.0)
         return F.kl_div(log_p, target, reduction="sum") / (B * int(rows.sum()))

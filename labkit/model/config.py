@@ -75,9 +75,10 @@ class ModelConfig:
         if any(csa.values()) and not all(csa.values()):
             raise ValueError(f"compressed attention needs all of {', '.join(CSA_FIELDS)} >= 1 (or all 0 for dense "
                              f"attention), got {csa}")
-        if self.csa_block and self.csa_window < self.csa_block:
-            raise ValueError(f"csa_window must be at least csa_block (the window covers the block being filled), "
-                             f"got csa_window={self.csa_window} and csa_block={self.csa_block}")
+        if self.csa_block and self.csa_window < max(2, self.csa_block):
+            raise ValueError(f"csa_window must be at least csa_block and 2 (the window covers the block being filled "
+                             f"and one token before the query), got csa_window={self.csa_window} and "
+                             f"csa_block={self.csa_block}")
 
     @property
     def compressed_attention(self) -> bool:
@@ -140,7 +141,8 @@ class ModelConfig:
 
         2 FLOPs (multiply + add) per weight of every matmul, plus attention's
         `q·k` and `p·v`: 2 · 2 · n_layers · n_heads · head_dim per attended token.
-        Norms, RoPE and softmax are left out (a fraction of a percent).
+        Norms, RoPE and softmax are left out (a fraction of a percent). For a compressed-attention config
+        the attention term counts every earlier token, as a dense layer would (an upper bound).
         """
         attend = context_len + 1
         return 2 * self.matmul_params() + 4 * self.n_layers * self.n_heads * self.head_dim * attend
@@ -148,8 +150,12 @@ class ModelConfig:
     def kv_bytes_per_token(self, bytes_per_value: float = 2, group_size: int | None = None) -> float:
         """KV cache bytes per token: 2 (K and V) · n_layers · n_kv_heads · head_dim values (`kv_bytes`).
 
-        Below 2 bytes a value, `group_size` adds each group's float16 scale and minimum.
+        Below 2 bytes a value, `group_size` adds each group's float16 scale and minimum. A compressed-attention
+        config has no fixed size per token (`labkit.kvcache.compressed.CompressedCache.bytes_at`): refused.
         """
+        if self.compressed_attention:
+            raise ValueError(f"{self.name!r} has compressed attention: its cache holds no fixed bytes per token; "
+                             f"use its cache's bytes_at(n_tokens)")
         return kv_bytes(2 * self.n_layers * self.n_kv_heads * self.head_dim, 8 * bytes_per_value, group_size)
 
 

@@ -298,7 +298,7 @@ class Transformer(nn.Module):
 
     @batch_invariant.setter
     def batch_invariant(self, value: bool) -> None:
-        if value is True and self.config.compressed_attention:
+        if value and self.config.compressed_attention:
             raise ValueError("batch_invariant=True is not implemented for compressed attention (csa_block > 0)")
         self._invariant = self._set_on_modules("batch_invariant", "invariant", value, (nn.Module,))
 

@@ -83,6 +83,9 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
         raise TypeError(f"model must be a torch module (labkit.load(...)[0]), got {type(model).__name__} {model!r:.40}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method != "rtn" and getattr(getattr(model, "config", None), "compressed_attention", False):
+        raise ValueError(f"method={method!r} calibrates dense attention layers (AWQ folds scales into the projections "
+                         f"an RMSNorm feeds); a compressed-attention model takes method='rtn' only")
     if fmt is not None:
         return _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums)
     if activations != "float":

@@ -70,6 +70,9 @@ def _check_shard(model, rank, world) -> None:
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
         raise ValueError(f"rank must be an integer in [0, {world}) (world={world}), got {rank!r}")
     cfg = model.config
+    if cfg.compressed_attention:
+        raise ValueError(f"{cfg.name!r} has compressed attention (csa_block > 0): tensor parallelism here splits dense "
+                         f"attention layers only")
     for field in ("n_heads", "n_kv_heads", "ffn_dim"):
         if getattr(cfg, field) % world:
             raise ValueError(f"{field}={getattr(cfg, field)} of {cfg.name!r} is not divisible by world={world}: "

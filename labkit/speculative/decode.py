@@ -179,6 +179,9 @@ def run_exact(target, batch_invariant: bool, loop, compare=None):
     is (tok, max_new_tokens, seed, sampling), decode the same prompt plainly into `result.plain`."""
     if not isinstance(batch_invariant, bool):
         raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+    if getattr(getattr(target, "config", None), "compressed_attention", False):
+        raise ValueError("speculative decoding rolls back rejected tokens, and a compressed-attention target's cache "
+                         "cannot (finished blocks are merged into entries): use a dense target")
     if not hasattr(target, "batch_invariant"):
         raise TypeError(f"target must be a labkit Transformer, got {type(target).__name__}")
     from labkit.model.kernels import batch_invariant as invariant

@@ -77,7 +77,7 @@ def compare_models(models: dict, tok, contexts=(256, 512, 1024), positions=(256,
 
     Returns {quality: [{name, context, val_loss, val_bits_per_byte}] (contexts past a model's
     window are left out), kv: [{name, n_tokens, bytes, bytes_per_token, share}] (share of the
-    first model's bytes), decode: rows of `decode_cost`}.
+    first model's bytes), decode: rows of `decode_cost` (none when `positions` is empty)}.
     """
     if not models:
         raise ValueError("models must name at least one model")
@@ -95,4 +95,4 @@ def compare_models(models: dict, tok, contexts=(256, 512, 1024), positions=(256,
         b = kv_bytes_at(model, kv_tokens)
         first = first or b
         kv.append({"name": name, "n_tokens": kv_tokens, "bytes": b, "bytes_per_token": b / kv_tokens, "share": b / first})
-    return {"quality": quality, "kv": kv, "decode": decode_cost(models, positions, steps)}
+    return {"quality": quality, "kv": kv, "decode": decode_cost(models, positions, steps) if positions else []}

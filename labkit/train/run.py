@@ -51,7 +51,7 @@ def val_metrics(model, tok, val_ids: torch.Tensor, seq_len: int, n_windows: int)
 
 def train_model(name: str, quick: bool = False, out_dir: str | Path | None = None, seed: int | None = None,
                 distill: float | None = None, steps: int | None = None, progress: bool = True) -> dict:
-    """Train `name` ('shakespeare' or 'shakespeare-draft') and save it under `out_dir` (default data/).
+    """Train `name` ('shakespeare', 'shakespeare-csa' or 'shakespeare-draft') and save it under `out_dir` (default data/).
 
     The draft is distilled from the target checkpoint in the same `out_dir`, which must
     exist (train the target first). `distill=0` trains the draft without distillation.

@@ -15,7 +15,7 @@ def kv_memory_calculator(names=None, context: int = 4096, bits: int = 16):
     from labkit.model.config import PRESETS
     from labkit.viz.kvcache import kv_memory_figure
 
-    names = list(names or PRESETS)
+    names = list(names or [n for n, shape in PRESETS.items() if not shape.get("csa_block")])  # per-token sizes: dense
     ctx = widgets.SelectionSlider(options=CONTEXTS, value=context, description="context")
     b = widgets.ToggleButtons(options=[32, 16, 8, 4], value=bits, description="bits")
     return _figure_box([ctx, b], lambda: kv_memory_figure(names, ctx.value, b.value))

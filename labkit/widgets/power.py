@@ -24,7 +24,7 @@ def hardware_names(include_this_machine: bool = False) -> list[str]:
 def model_names() -> list[str]:
     from labkit.model.config import PRESETS
 
-    return list(PRESETS)
+    return [n for n, shape in PRESETS.items() if not shape.get("csa_block")]  # the power model's layers are dense
 
 
 def _npu_bits(hw_key: str) -> dict:
