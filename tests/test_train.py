@@ -70,7 +70,7 @@ def _check_recorded_val_loss(model, record):
     assert got["val_bits_per_byte"] == pytest.approx(record["val_bits_per_byte"], abs=1e-4)
 
 
-@pytest.mark.parametrize("name", ["shakespeare", "shakespeare-draft"])
+@pytest.mark.parametrize("name", ["shakespeare", "shakespeare-csa", "shakespeare-draft"])
 def test_committed_checkpoints_load_and_match_their_record(name):
     model, tok = labkit.load(name)
     header = read_header(ROOT / "data" / f"{name}.safetensors")

@@ -4,12 +4,12 @@ Two parts, both printed as `labkit bench --only kvcache` prints them:
 
 - **eviction at equal bytes** on SmolLM2-135M (float32): every cache kind at 10, 25 and 50 % of the
   full cache's bytes at L = 4,096 tokens (perplexity of held-out Shakespeare, passkey accuracy over
-  5 seeded trials, ITL), and the ITL against position up to 8,176 tokens for the first budget;
+  3 seeded trials, ITL), and the ITL against position up to 8,176 tokens for the first budget;
 - **compressed attention** trained by the lab: the Shakespeare target against `shakespeare-csa`
   (`labkit.train.compare`).
 
 The file names the CPU, the torch version and the thread count it was measured on
-(`labkit.costmodel.cpu.cpu_info`); a chapter compares them with the reader's. About 25 minutes on 2 cores.
+(`labkit.costmodel.cpu.cpu_info`); a chapter compares them with the reader's. About 15 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-STORED = dict(length=4096, fractions=(0.1, 0.25, 0.5), trials=5, positions=[512, 1024, 2048, 4096, 8176], steps=7,
+STORED = dict(length=4096, fractions=(0.1, 0.25, 0.5), trials=3, positions=[512, 2048, 4096, 8176], steps=7,
               passkey_lengths=[1024, 2048, 4096])
 
 
