@@ -155,7 +155,7 @@ def test_unsupported_architecture_type_and_missing_tensor(tmp_path):
 
 
 def test_registry_errors():
-    with pytest.raises(ValueError, match="unknown model 'gpt-2'; available models: shakespeare, shakespeare-draft, smollm2-135m"):
+    with pytest.raises(ValueError, match="unknown model 'gpt-2'; available models: shakespeare, shakespeare-csa, shakespeare-draft, smollm2-135m"):
         labkit.load("gpt-2")
     with pytest.raises(ValueError, match="dtype must be one of"):
         labkit.load("smollm2-135m", dtype="int8")

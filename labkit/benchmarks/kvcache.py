@@ -88,7 +88,7 @@ def compression_tables(model, tok, plan: dict) -> dict:
         print(f"  budget {f:.0%} of the full cache's bytes at {L} tokens ({out['full_bytes'] / 2**20:.0f} MiB); "
               f"SnapKV's perplexity row keeps room for its {out['tail']}-token scored tail")
         print(f"  {'method':9s} {'options':38s} {'bytes/tok':>9s} {'share':>6s} {'ppl':>7s} {'ppl tail':>8s} "
-              f"{'passkey':>7s} {'ITL ms @' + str(plan['positions'][-1]):>12s}")
+              f"{'passkey':>7s} {'ITL ms @' + str(max(r['position'] for r in out['itl'])):>12s}")
         for r in out["rows"]:
             opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or f"max_len={L}"
             share = f"{r['fraction']:.3f}" + ("" if r["settable"] else "*")
