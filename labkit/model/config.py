@@ -80,6 +80,10 @@ class ModelConfig:
                              f"and one token before the query), got csa_window={self.csa_window} and "
                              f"csa_block={self.csa_block}")
 
+    def __repr__(self) -> str:  # the dataclass's form; a dense config leaves out its zero csa_* fields
+        shown = [f.name for f in dataclasses.fields(self) if self.compressed_attention or f.name not in CSA_FIELDS]
+        return f"ModelConfig({', '.join(f'{n}={getattr(self, n)!r}' for n in shown)})"
+
     @property
     def compressed_attention(self) -> bool:
         """Whether the attention layers are compressed sparse attention (`labkit.model.compressed`)."""
