@@ -52,5 +52,7 @@ def test_compare_models_counts_bytes_and_times_past_the_window():
         assert torch.equal(longer(ids), dense(ids)) and longer.config.max_seq_len == 256
     with pytest.raises(ValueError, match="n_tokens"):
         kv_bytes_at(dense, 0)
+    assert compare_models({"dense": dense}, get_tokenizer("shakespeare"), contexts=[64], positions=[])["decode"] == []
+    from labkit.train.compare import decode_cost
     with pytest.raises(ValueError, match="positions"):
-        compare_models({"dense": dense}, get_tokenizer("shakespeare"), contexts=[64], positions=[])
+        decode_cost({"dense": dense}, [])
