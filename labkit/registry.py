@@ -55,21 +55,26 @@ def _as_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "float"):
+def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "float", compile: bool = False):
     """Load a model and its tokenizer: `model, tok = labkit.load("smollm2-135m")`.
 
     `dtype`: torch.float32 (exact; the default) or torch.bfloat16 / torch.float16 (half the
     bytes per decode step; "bfloat16" as a string works too). `weights="gguf"` (SmolLM2) keeps
     the file's Q4_1 blocks as int4 codes for the packed kernel instead of dequantizing them;
-    `dtype` is then the activations' dtype (float32 or bfloat16).
+    `dtype` is then the activations' dtype (float32 or bfloat16). `compile=True` calls
+    `model.compile_step()`: decode steps and short passes run as one compiled program.
     """
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}; available models: {', '.join(sorted(_REGISTRY)) or 'none'}")
     spec = _REGISTRY[name]
     if weights not in spec.weights:
         raise ValueError(f"weights must be one of {spec.weights} for {name!r}, got {weights!r}")
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
     loaded = spec.loader(_as_dtype(dtype)) if weights == "float" else spec.loader(_as_dtype(dtype), weights)
     _release_freed_memory()
+    if compile:
+        loaded[0].compile_step()
     return loaded
 
 

@@ -38,6 +38,10 @@ class ContiguousCache(KVCache):
         """One [B, n_kv_heads, max_len, head_dim] view per layer (indexing the 5-D buffers costs a call per step)."""
         self._layers = [(self.keys[i], self.values[i]) for i in range(self.config.n_layers)]
 
+    def layer_buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values), views [B, n_kv_heads, max_len, head_dim] written in place (a compiled step's input)."""
+        return self._layers
+
     @property
     def seq_len(self) -> int:
         return self._len

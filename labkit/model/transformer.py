@@ -11,13 +11,11 @@ the gate and up projections another (`w_gate_up`), each read in a single product
 loaded model stores its weights column-major (`Transformer.column_major_`), the order in
 which the BLAS streams them fastest.
 
-A decode step is also some three thousand operator calls, and on a laptop CPU their fixed
-cost is a good part of the step (`labkit bench --only step`). The inference path is kept
-lean for that: the hidden state stays [B·T, d_model] from the embedding to the LM head (no
-3-D views), each product is one `torch.mm` on a kept view of Wᵀ (`labkit.model.kernels`),
-q and k heads are rotated in one call, the cache writes with `index_copy_`, and nothing in
-a step reads a tensor back into Python (`Transformer.step`: ids are checked once, by
-`forward`). Training (gradients on) takes the plain calls; the numbers are the same.
+A decode step is also some three thousand operator calls, whose fixed cost is a good part of a
+laptop's step (`labkit bench --only step`), so the inference path is lean: the hidden state stays
+[B·T, d_model] (no 3-D views), each product is one `torch.mm` on a kept view of Wᵀ
+(`labkit.model.kernels`), q and k heads rotate in one call, and nothing in a step reads a tensor
+back into Python. `compile_step` goes further: the whole step as one compiled program.
 
     >>> cfg = ModelConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64)
     >>> model = Transformer(cfg)
@@ -135,6 +133,7 @@ class Transformer(nn.Module):
         self._rope = None
         self._head_t = None  # (weight, Wᵀ) of the tied head, a view (see `head`)
         self._split, self._lean, self._invariant = False, True, False  # see split_matvec, lean_step, batch_invariant
+        self.compiled = None  # the compiled passes (`compile_step`), or None: every pass eager
 
     @property
     def dtype(self) -> torch.dtype:
@@ -176,9 +175,7 @@ class Transformer(nn.Module):
                   dtype: torch.dtype | None = None, **opts):
         """A KV cache for this model: `kind` is any registered kind (`labkit.kvcache.kinds()`), default 'contiguous'.
 
-        A compressed-attention model takes only 'compressed' (its layers attend on their own);
-        'contiguous' or None give it that, the exact cache of such a model.
-
+        A compressed-attention model takes only 'compressed' ('contiguous' or None give it that).
         `max_len` defaults to the context window; size it to prompt + reply to save memory.
         """
         if self.config.compressed_attention:  # its exact cache: 'contiguous', every caller's default, means it too
@@ -227,6 +224,11 @@ class Transformer(nn.Module):
                              f"{self.config.max_seq_len} tokens")
         if cache is not None and B != cache.batch_size:
             raise ValueError(f"ids have batch size {B} but the cache was made for batch_size={cache.batch_size}")
+        if self.compiled is not None:
+            why = self.compiled.eager_reason(ids, cache, n_layers)
+            if why is None:
+                return self.compiled.run(ids, cache, last_only)
+            self.compiled.eager[why] += 1
         with forward_pass(cache, T, ids.device) as positions:
             if cache is not None and cache.pass_end > self.config.max_seq_len:
                 raise ValueError(f"sequence of {cache.pass_end} tokens is longer than the context window "
@@ -241,6 +243,13 @@ class Transformer(nn.Module):
                 h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
                 logits = self.head(h)  # [B·T', V]
             return logits.view(B, -1, logits.shape[-1])  # [B, T, V]
+
+    def compile_step(self, progress: bool = True) -> "Transformer":
+        """Passes of up to 16 tokens on a contiguous cache as one compiled program, in place, any format
+        (`labkit.model.compiled`); weights are frozen into it: compile after quantizing."""
+        from labkit.model.compiled import CompiledStep
+        self.compiled = CompiledStep(self, progress=progress)
+        return self
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         """The layers' own losses of the last training forward (the compressed attention's indexer), summed."""

@@ -1,0 +1,221 @@
+"""The decode step as one compiled program: TorchInductor's C++ kernels, its C++ wrapper, the weights frozen.
+
+An eager decode step of SmolLM2 is some three thousand operator calls, and on a CPU each has a
+fixed cost (dispatch, an output allocation, Python between calls). `model.compile_step()` hands
+the whole stack to TorchInductor once: it traces one step (embedding → 30 blocks → LM head) into
+one graph, fuses the elementwise work between the weight products into generated C++ loops
+(RMSNorm with the residual add, RoPE with the cache write, SiLU·up), calls the weight products
+as extern kernels (MKL/oneDNN for float, the packed int8/int4 kernels as they are), and runs it
+all from a C++ wrapper: no Python between kernels. Weights are frozen into the program as
+constants, so compile *after* loading, quantizing or changing a model.
+
+Shapes are kept static so the program never recompiles during a decode: the cache is the
+contiguous one (fixed capacity, one buffer per layer, written in place at `positions`), and
+the only size that moves, the number of keys so far, is one symbolic dimension. Two programs
+per batch size: one for a one-token step (the GQA call the eager step makes) and one for
+passes of 2..`COMPILE_MAX_TOKENS` tokens (verification, small batches), each compiled on first
+use. Anything else runs the eager step, which gives the same numbers: longer passes (a prompt),
+other cache kinds, early exit, the batch-invariant mode, gradients; `stats` counts why.
+
+Exactness: the compiled program computes what the eager step computes, in float32 or the model's
+dtype, but fused loops sum RMSNorm's squares and the attention's products in their own order and
+RoPE is written in real arithmetic where the eager step multiplies complex numbers, so logits
+agree to rounding, not bit for bit (tests: greedy tokens equal, logits within 1e-4 relative in
+float32). Compiled programs are cached on disk under `.build/inductor`, so a second process
+starts warm.
+
+    >>> model.compile_step()                                   # doctest: +SKIP
+    >>> model.step(ids, cache)  # a one-token step on a contiguous cache: the compiled program
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import types
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["CompiledStep", "COMPILE_MAX_TOKENS", "compiler_problem", "inductor_cache_dir"]
+
+# C++ wrapper (no Python between kernels), weights frozen as constants, and bf16/fp16 intermediates rounded
+# where the eager step rounds them (without it a fused kernel keeps them in float32: other bits, other tokens)
+COMPILE_OPTIONS = {"cpp_wrapper": True, "freezing": True, "emulate_precision_casts": True}
+COMPILE_MAX_TOKENS = 16  # passes of up to this many tokens run compiled (verification, small batches)
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor keeps compiled programs: $TORCHINDUCTOR_CACHE_DIR, else `.build/inductor` beside the package."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", os.path.abspath(default_cache_dir())):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, ".build", "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def compiler_problem() -> str | None:
+    """Why inductor cannot build C++ here (no compiler found), or None."""
+    cxx = os.environ.get("CXX") or "g++"
+    if shutil.which(cxx) is None and shutil.which("c++") is None and shutil.which("clang++") is None:
+        return f"no C++ compiler found ({cxx}, c++ or clang++ on PATH); install g++ (Debian: apt-get install g++)"
+    return None
+
+
+def _rms(x: torch.Tensor, norm) -> torch.Tensor:
+    if x.dtype != torch.float32:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + norm.eps) * norm.weight
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """RoPE in real arithmetic: x [B, T, heads, D]; cos, sin [T, 1, D/2] (interleaved) or [T, 1, D] (half)."""
+    if layout == "interleaved":
+        x0, x1 = x[..., 0::2].float(), x[..., 1::2].float()
+        return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2).to(x.dtype)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def _product(module, x: torch.Tensor) -> torch.Tensor:
+    """x @ Wᵀ: the float layer's one matmul (inductor picks the kernel), any quantized layer's own forward."""
+    if type(module).__name__ == "Linear":
+        return torch.mm(x, module.weight.t())
+    return module(x)
+
+
+def _program(model, cos, sin, ids, positions, span, keys, values, last_only: bool):
+    """One pass over ids [B, T] at `positions` [T] into per-layer caches [B, Hkv, C, D]; span = arange(keys so far)."""
+    cfg = model.config
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    B, T = ids.shape
+    n = span.shape[0]
+    x = model.tok_embeddings.weight[ids.reshape(-1)]  # [B·T, d]
+    c, s = cos[positions][:, None], sin[positions][:, None]
+    mask = None if T == 1 else span[None, :] <= positions[:, None]  # [T, n]
+    for i, block in enumerate(model.layers):
+        qkv = _product(block.attn.wqkv, _rms(x, block.attn_norm)).view(B, T, H + 2 * Hkv, D)
+        qk = _rotate(qkv[:, :, :H + Hkv], c, s, cfg.rope_layout)
+        keys[i][:, :, positions] = qk[:, :, H:].transpose(1, 2).to(keys[i].dtype)
+        values[i][:, :, positions] = qkv[:, :, H + Hkv:].transpose(1, 2).to(values[i].dtype)
+        kk, vv = keys[i][:, :, :n], values[i][:, :, :n]
+        if T == 1:  # the eager step's call: the g query heads of a group as g rows against their KV head
+            o = F.scaled_dot_product_attention(qk[:, :, :H].reshape(B, Hkv, H // Hkv, D), kk, vv).reshape(B, H * D)
+        else:
+            o = F.scaled_dot_product_attention(qk[:, :, :H].transpose(1, 2), kk, vv, attn_mask=mask,
+                                               enable_gqa=H != Hkv).transpose(1, 2).reshape(B * T, H * D)
+        x = x + _product(block.attn.wo, o)
+        gate_up = _product(block.mlp.w_gate_up, _rms(x, block.ffn_norm))
+        x = x + _product(block.mlp.w_down, F.silu(gate_up[:, :cfg.ffn_dim]) * gate_up[:, cfg.ffn_dim:])
+    if last_only and T > 1:
+        x = x.view(B, T, -1)[:, -1]
+    h = _rms(x, model.norm)
+    logits = torch.mm(h, model.tok_embeddings.weight.t()) if model.lm_head is None else _product(model.lm_head, h)
+    return logits.view(B, -1, logits.shape[-1])
+
+
+class CompiledStep:
+    """A model's compiled passes, keyed by (batch, one token or several, last_only, cache dtype).
+
+    Each key gets its own copy of `_program`'s code, so Dynamo holds one entry per copy and its
+    guards can be skipped at call time (the key, checked here in Python, is what they would check).
+    """
+
+    def __init__(self, model, progress: bool = True):
+        if model.config.compressed_attention:
+            raise ValueError("compile_step is not implemented for compressed attention (csa_block > 0): "
+                             "its layers attend through their own cache")
+        why = compiler_problem()
+        if why:
+            raise RuntimeError(f"compile_step needs a C++ compiler: {why}")
+        inductor_cache_dir()
+        self.model, self.progress = model, progress
+        self._fns: dict = {}
+        dtype = torch.float32 if model.config.rope_layout == "interleaved" else model.dtype
+        tables = model.rope.tables(dtype)
+        cos, sin = (tables.real, tables.imag) if model.config.rope_layout == "interleaved" else tables
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.graphs = 0  # programs compiled (Dynamo graphs handed to inductor) for this model
+        self.compile_s: list[float] = []
+        self.calls, self.eager = 0, Counter()  # compiled passes; eager passes by reason
+
+    def _backend(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        self.graphs += 1
+        return compile_fx(gm, example_inputs, config_patches=COMPILE_OPTIONS)
+
+    def eager_reason(self, ids: torch.Tensor, cache, n_layers) -> str | None:
+        """Why this pass runs eagerly, or None when the compiled program takes it."""
+        from labkit.kvcache.contiguous import ContiguousCache
+
+        if torch.is_grad_enabled():
+            return "gradients on"
+        if type(cache) is not ContiguousCache:
+            return "no cache" if cache is None else f"cache kind {cache.kind!r}"
+        if n_layers is not None:
+            return "early exit"
+        if self.model.batch_invariant:
+            return "batch-invariant mode"
+        if ids.shape[1] > COMPILE_MAX_TOKENS:
+            return f"pass over more than {COMPILE_MAX_TOKENS} tokens"
+        if cache.seq_len + ids.shape[1] < 2:
+            return "first token of an empty cache"
+        if ids.device != self.model.device or cache.device != self.model.device:
+            return "device"
+        return None
+
+    def run(self, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
+        """The compiled pass (call only when `eager_reason` is None): begins and ends the cache's pass."""
+        B, T = ids.shape
+        key = (B, T == 1, bool(last_only), cache.dtype)
+        fn = self._fns.get(key)
+        positions = cache.begin(T)
+        try:
+            if cache.pass_end > self.model.config.max_seq_len:
+                raise ValueError(f"sequence of {cache.pass_end} tokens is longer than the context window "
+                                 f"of {self.model.config.max_seq_len} tokens")
+            span = torch.arange(cache.pass_end, device=cache.device)
+            torch._dynamo.mark_dynamic(span, 0)
+            if T > 1:
+                torch._dynamo.mark_dynamic(ids, 1)
+                torch._dynamo.mark_dynamic(positions, 0)
+            keys, values = zip(*cache.layer_buffers())
+            for buf in keys + values:  # the capacity: one symbol for all (equal sizes share one)
+                torch._dynamo.mark_dynamic(buf, 2)
+            args = (self.model, self.cos, self.sin, ids, positions, span, list(keys), list(values), bool(last_only))
+            if fn is None:
+                fn, out = self._compile(key, args)
+                self._fns[key] = fn
+            else:
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    out = fn(*args)
+        except BaseException:
+            cache.abort()
+            raise
+        self.calls += 1
+        cache.end()
+        return out
+
+    def _compile(self, key, args):
+        B, one = key[0], key[1]
+        name = f"labkit_step_b{B}_{'t1' if one else 'tk'}_{'last' if key[2] else 'all'}_{len(self._fns)}"
+        code = _program.__code__.replace(co_name=name)
+        fn = torch.compile(types.FunctionType(code, _program.__globals__, name), backend=self._backend,
+                           fullgraph=True, dynamic=False)
+        if self.progress:
+            print(f"compiling the {'one-token step' if one else 'pass over 2..16 tokens'} (batch {B}) with "
+                  f"inductor; cached under {inductor_cache_dir()} ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        out = fn(*args)  # the first call compiles and runs the pass
+        self.compile_s.append(time.perf_counter() - start)
+        return fn, out
+
+    def stats(self) -> dict:
+        """graphs compiled, compile seconds, compiled passes, eager passes by reason."""
+        return {"graphs": self.graphs, "compile_s": list(self.compile_s), "compiled_calls": self.calls,
+                "eager_calls": dict(self.eager)}
+
