@@ -62,7 +62,8 @@ def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "fl
     bytes per decode step; "bfloat16" as a string works too). `weights="gguf"` (SmolLM2) keeps
     the file's Q4_1 blocks as int4 codes for the packed kernel instead of dequantizing them;
     `dtype` is then the activations' dtype (float32 or bfloat16). `compile=True` calls
-    `model.compile_step()`: decode steps and short passes run as one compiled program.
+    `model.compile_step()`: decode steps and short passes run as one compiled program
+    (without a C++ compiler: a warning that says so, and the eager step).
     """
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}; available models: {', '.join(sorted(_REGISTRY)) or 'none'}")
@@ -74,7 +75,12 @@ def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "fl
     loaded = spec.loader(_as_dtype(dtype)) if weights == "float" else spec.loader(_as_dtype(dtype), weights)
     _release_freed_memory()
     if compile:
-        loaded[0].compile_step()
+        try:
+            loaded[0].compile_step()
+        except RuntimeError as e:  # no C++ compiler: the eager step, said out loud
+            import warnings
+
+            warnings.warn(f"compile=True: the model runs eagerly: {e}", RuntimeWarning, stacklevel=2)
     return loaded
 
 

@@ -13,8 +13,11 @@ GGUF file's own Q4_1 blocks:
 - decode tokens/s and the GB/s they stream (weights + KV cache per token), interleaved
   rounds, with llama.cpp on the same GGUF file when the `peers` extra is installed and the
   streaming-read roofline sampled in every round (float32's share of it);
-- not with `--quick`: `torch.compile` of the float32 decode step (compile time, step time
-  against eager), the kernel-fusion route; minutes of compiling.
+- not with `--quick`: every format's step as one compiled program (`Transformer.compile_step`,
+  `labkit.benchmarks._compiled`): compile time cold and from the cache, kernels launched per
+  step against the eager operator calls, whether 64 greedy tokens equal eager's, and the
+  compiled step in the same interleaved T(k) and tok/s runs as the eager one (rows
+  "<format> compiled"); the generated RMSNorm, RoPE and SwiGLU kernels. Minutes of compiling.
 
 `labkit bench --only step --json data/step_bench.json` writes the file chapter 03 reads.
 """
@@ -60,28 +63,6 @@ def _dtype_bytes(dtype) -> int:
     return torch.finfo(dtype).bits // 8
 
 
-def _compile_step(model, ids: list[int], n: int = 8) -> dict:
-    """torch.compile (inductor, default mode) of the one-token step: compile seconds, then ms a step vs eager."""
-    import torch
-
-    from labkit.generation.stages import prefill
-
-    state = prefill(model, ids, max_len=len(ids) + 3 * n + 4)
-    step = torch.compile(model.step)
-    x = torch.tensor([[ids[-1]]])
-    start = time.perf_counter()
-    with torch.inference_mode():
-        step(x, cache=state.cache)  # compiles (and runs) the first step
-        compile_s = time.perf_counter() - start
-        times = {"compiled": [], "eager": []}
-        for _ in range(n):
-            for name, fn in (("compiled", step), ("eager", model.step)):
-                t = time.perf_counter()
-                fn(x, cache=state.cache)
-                times[name].append(time.perf_counter() - t)
-    return {"compile_s": compile_s, **{f"{k}_ms": 1e3 * statistics.median(v) for k, v in times.items()}}
-
-
 class _Invariant:
     """A model seen through its batch-invariant switch: every call and step runs with it on."""
 
@@ -102,6 +83,38 @@ class _Invariant:
 
         with batch_invariant(self.model):
             return self.model.step(*args, **kwargs)
+
+
+def _base(name: str) -> str:
+    return name.removesuffix(" compiled")
+
+
+def _compile_all(models: dict, ids: list[int], report: dict) -> dict:
+    """Compile every format (cold, then from the cache), print what it launches; the eager and compiled
+    steps of each format to time side by side. Without a C++ compiler: the eager steps, and why."""
+    from labkit.benchmarks._compiled import Toggle, compile_format, kernel_excerpts
+    from labkit.model.compiled import compiler_problem
+
+    why = compiler_problem()
+    if why:
+        report["compiled_error"] = why
+        print(f"  compiled step: not measured: {why}")
+        return models
+    print("  the step as one compiled program (inductor, C++ wrapper, frozen weights; minutes of compiling):")
+    timed = {}
+    for name, model in models.items():
+        program, row = compile_format(model, ids)
+        report["formats"][name]["compiled"] = row
+        eq = row["tokens_equal_eager"]
+        print(f"  {name:12s} compiled in {row['compile_cold_s']:5.1f} s cold, {row['compile_cached_s']:5.1f} s from "
+              f"the cache; {row['program']['launches']:4d} kernels a step (eager: "
+              f"{report['formats'][name]['ops_per_step']:.0f} operator calls); greedy tokens equal eager's: "
+              + ("all 64" if eq == 64 else f"the first {eq} (then a top-2 margin of "
+                 f"{row['first_difference_margin']:.3g}, rounding step {row['dtype_step_at_margin']:.3g})"))
+        timed[name], timed[name + " compiled"] = Toggle(model, program, False), Toggle(model, program, True)
+        if name == "int4 g32":
+            report["compiled_kernels"] = kernel_excerpts(program)
+    return timed
 
 
 def run(quick: bool = False) -> dict:
@@ -141,24 +154,29 @@ def run(quick: bool = False) -> dict:
             row["plain_calls"] = {k: plain[k] for k in ("step_ms", "matmul_ms", "other_ms", "outside_ms", "ops_per_step")}
             print(f"  {'  plain calls':12s} {plain['ops_per_step']:5.0f} operator calls a step; {plain['step_ms']:5.1f} ms "
                   f"(F.linear, F.rms_norm: the same numbers)")
-    costs = pass_costs(models, ids, KS, rounds=rounds)
+    timed = models if quick else _compile_all(models, ids, report)
+    costs = pass_costs(timed, ids, KS, rounds=rounds)
     print("  T(k) / T(1), one pass over k new tokens against one decode step (interleaved):")
-    print("  " + " " * 12 + "".join(f"{'k=' + str(k):>7s}" for k in KS[1:]))
+    print("  " + " " * 21 + "".join(f"{'k=' + str(k):>7s}" for k in KS[1:]))
     for name, per_k in costs.items():
-        report["formats"][name]["pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
-        report["formats"][name]["t_ratio"] = {k: per_k[k] / per_k[1] for k in KS}
-        print(f"  {name:12s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]))
+        row = report["formats"][name] if name in models else report["formats"][_base(name)]["compiled"]
+        row["pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
+        row["t_ratio"] = {k: per_k[k] / per_k[1] for k in KS}
+        print(f"  {name:21s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]))
+    for name in (n for n in costs if n not in models):  # the step itself, eager against compiled, same run
+        eager_ms, comp_ms = 1e3 * costs[_base(name)][1], 1e3 * costs[name][1]
+        print(f"  {_base(name):12s} step {eager_ms:5.1f} ms eager, {comp_ms:5.1f} ms compiled ({eager_ms / comp_ms:.2f}x)")
     report["cpu_kernels"] = default_kernels_report()
     switched = pass_costs({name: _Invariant(m) for name, m in models.items()}, ids, KS, rounds=max(1, rounds // 2))
     print("  the batch-invariant mode (Transformer.batch_invariant): a k-token pass with it / without it:")
-    for name, per_k in switched.items():
+    for name, per_k in switched.items():  # the switch runs the eager step: compare with the eager passes
         report["formats"][name]["invariant_pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
         report["formats"][name]["invariant_cost"] = {k: per_k[k] / costs[name][k] for k in KS}
         print(f"  {name:12s}" + "".join(f"{per_k[k] / costs[name][k]:7.2f}" for k in KS[1:]))
-    roof, seconds, peer, why = [], {name: [] for name in models}, [], None
+    roof, seconds, peer, why = [], {name: [] for name in timed}, [], None
     for _ in range(rounds):  # labkit's formats and llama.cpp (in a child process) in turn, a roofline sample each round
         roof.append(measure.read_bandwidth_gb_s(seconds=0.3))
-        for name, rate in decode_rates(models, ids, n=n, rounds=1).items():
+        for name, rate in decode_rates(timed, ids, n=n, rounds=1).items():
             seconds[name].append(1 / rate)
         if why is None:
             step_s, why = llama_cpp_decode_isolated(ids, n)
@@ -172,10 +190,10 @@ def run(quick: bool = False) -> dict:
     print(f"  decode, {n} greedy tokens, {rounds} interleaved rounds; streaming-read roofline "
           f"{report['roofline_gb_s']:.1f} GB/s (median of {len(roof)} samples)")
     for name, rate in rates.items():
-        line = f"  {name:16s} {rate:6.1f} tok/s"
-        if name in report["formats"]:
-            gb_s = report["formats"][name]["bytes_per_token"] * rate / 1e9
-            report["formats"][name]["gb_s"] = gb_s
+        line = f"  {name:21s} {rate:6.1f} tok/s"
+        if _base(name) in report["formats"]:
+            gb_s = report["formats"][_base(name)]["bytes_per_token"] * rate / 1e9
+            (report["formats"][name] if name in models else report["formats"][_base(name)]["compiled"])["gb_s"] = gb_s
             line += f"  {gb_s:5.1f} GB/s ({100 * gb_s / report['roofline_gb_s']:3.0f} % of the roofline)"
         if "llama.cpp Q4_1" in rates and name != "llama.cpp Q4_1":
             line += f"  {rate / rates['llama.cpp Q4_1']:.2f}x llama.cpp"
@@ -183,13 +201,4 @@ def run(quick: bool = False) -> dict:
     if why is not None:
         report["llama_cpp"] = why
         print(f"  llama.cpp: {why}")
-    if not quick:
-        print("  torch.compile of the float32 step (inductor; compiling takes minutes) ...", flush=True)
-        try:
-            report["compile"] = _compile_step(models["float32"], ids)
-            c = report["compile"]
-            print(f"  compiled in {c['compile_s']:.0f} s; {c['compiled_ms']:.1f} ms a step compiled, {c['eager_ms']:.1f} ms eager")
-        except Exception as exc:  # a missing compiler, an unsupported op: report it, keep the other figures
-            report["compile"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            print(f"  torch.compile failed: {report['compile']['error']}")
     return report

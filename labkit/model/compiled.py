@@ -39,7 +39,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CompiledStep", "COMPILE_MAX_TOKENS", "compiler_problem", "inductor_cache_dir"]
+__all__ = ["CompiledStep", "COMPILE_MAX_TOKENS", "compiler_problem", "inductor_cache_dir", "kernel_source", "program_summary"]
 
 # C++ wrapper (no Python between kernels), weights frozen as constants, and bf16/fp16 intermediates rounded
 # where the eager step rounds them (without it a fused kernel keeps them in float32: other bits, other tokens)
@@ -118,7 +118,7 @@ def _program(model, cos, sin, ids, positions, span, keys, values, last_only: boo
 
 
 class CompiledStep:
-    """A model's compiled passes, keyed by (batch, one token or several, last_only, cache dtype).
+    """A model's compiled passes, keyed by (batch, one token or several, last_only, cache and ids dtypes).
 
     Each key gets its own copy of `_program`'s code, so Dynamo holds one entry per copy and its
     guards can be skipped at call time (the key, checked here in Python, is what they would check).
@@ -141,6 +141,7 @@ class CompiledStep:
         self.graphs = 0  # programs compiled (Dynamo graphs handed to inductor) for this model
         self.compile_s: list[float] = []
         self.calls, self.eager = 0, Counter()  # compiled passes; eager passes by reason
+        self.code: dict[str, str] = {}  # program name -> the generated source (C++ kernels and wrapper)
 
     def _backend(self, gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -171,7 +172,7 @@ class CompiledStep:
     def run(self, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
         """The compiled pass (call only when `eager_reason` is None): begins and ends the cache's pass."""
         B, T = ids.shape
-        key = (B, T == 1, bool(last_only), cache.dtype)
+        key = (B, T == 1, bool(last_only), cache.dtype, ids.dtype)
         fn = self._fns.get(key)
         positions = cache.begin(T)
         try:
@@ -209,8 +210,13 @@ class CompiledStep:
         if self.progress:
             print(f"compiling the {'one-token step' if one else 'pass over 2..16 tokens'} (batch {B}) with "
                   f"inductor; cached under {inductor_cache_dir()} ...", file=sys.stderr, flush=True)
+        from unittest import mock
+
+        from torch._inductor.graph import GraphLowering
+
         start = time.perf_counter()
-        out = fn(*args)  # the first call compiles and runs the pass
+        with mock.patch.object(GraphLowering, "save_output_code", lambda code: self.code.__setitem__(name, code)):
+            out = fn(*args)  # the first call compiles (or loads from the disk cache) and runs the pass
         self.compile_s.append(time.perf_counter() - start)
         return fn, out
 
@@ -219,3 +225,32 @@ class CompiledStep:
         return {"graphs": self.graphs, "compile_s": list(self.compile_s), "compiled_calls": self.calls,
                 "eager_calls": dict(self.eager)}
 
+
+
+def program_summary(source: str) -> dict:
+    """What one generated program launches per pass: its fused C++ kernels and its extern calls, by name."""
+    import re
+
+    calls = re.findall(r"^\s+(?:AOTI_TORCH_ERROR_CODE_CHECK\()?(cpp_fused_\w+|aoti_torch_cpu_\w+)\(", source, re.M)
+    kernels = Counter(c for c in calls if c.startswith("cpp_fused_"))
+    extern = Counter(c[len("aoti_torch_cpu_"):] for c in calls if c.startswith("aoti_torch_cpu_"))
+    return {"fused_kernels": dict(kernels), "extern_calls": dict(extern),
+            "launches": sum(kernels.values()) + sum(extern.values())}
+
+
+def kernel_source(source: str, *fragments: str, max_lines: int = 60) -> tuple[str, str] | None:
+    """The first generated kernel whose name holds every fragment: (name, its C++ text without lone braces
+    and error-flag bookkeeping, up to max_lines), or None."""
+    import re
+
+    for match in re.finditer(r'^extern "C"\s+void\s+(cpp_fused_\w+)\(', source, re.M):
+        name = match.group(1)
+        body_start = source.find("{", match.end())
+        if all(f in name for f in fragments) and body_start > 0 and source[match.end():body_start].count(";") == 0:
+            end = source.find("\n}\n", body_start)
+            noise = ("inductor_cpu_integer_div_error", "C10_LIKELY", "#pragma")  # bookkeeping, not the arithmetic
+            lines = [line for line in source[match.start():end + 2].splitlines()
+                     if line.strip() not in ("{", "}") and not any(n in line for n in noise)]
+            body = "\n".join(lines[:max_lines] + (["    ..."] if len(lines) > max_lines else []))
+            return name, body
+    return None

@@ -1,0 +1,114 @@
+"""The step bench's compiled half: every format's step as one inductor program (`Transformer.compile_step`).
+
+Per format: the compile time cold (an empty inductor cache) and again from the disk cache (a
+second `compile_step` in the same process), the kernels the program launches per step against
+the eager step's operator calls, and whether 64 greedy tokens equal the eager step's (where
+not: the first token that differs and the eager logits' top-2 margin there, against the
+format's rounding step). The eager and compiled steps then race side by side in `step.run`
+through `Toggle`: the same model with its compiled program switched on or off.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+FRAGMENTS = {"RMSNorm (+ the residual add)": ("mean", "rsqrt"), "RoPE (+ the cache write)": ("stack", "sub"),
+             "SwiGLU": ("silu",)}
+
+
+class Toggle:
+    """`model` seen with its compiled program on (`compiled=True`) or off: the eager step, numbers alike."""
+
+    def __init__(self, model, program, compiled: bool):
+        self.model, self.program, self.on = model, program, compiled
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def _run(self, fn, *args, **kwargs):
+        self.model.compiled = self.program if self.on else None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.model.compiled = self.program
+
+    def __call__(self, *args, **kwargs):
+        return self._run(self.model, *args, **kwargs)
+
+    def step(self, *args, **kwargs):
+        return self._run(self.model.step, *args, **kwargs)
+
+
+def _greedy(model, ids: list[int], n: int):
+    import torch
+
+    from labkit.generation.stages import prefill
+
+    state = prefill(model, ids, max_len=len(ids) + n + 1)
+    tokens, margins = [], []
+    with torch.inference_mode():
+        logits = state.logits
+        for _ in range(n):
+            top = logits.float().topk(2).values
+            margins.append(float(top[0] - top[1]))
+            tokens.append(int(logits.argmax()))
+            logits = model.step(torch.tensor([[tokens[-1]]]), state.cache)[0, -1]
+    return tokens, margins
+
+
+def compile_format(model, ids: list[int], n: int = 64) -> tuple[object, dict]:
+    """Compile `model` cold and again from the cache; its program's launches; its greedy tokens against eager's."""
+    import torch
+
+    from labkit.generation.stages import decode, prefill
+    from labkit.model.compiled import CompiledStep, program_summary
+
+    eager_tokens, margins = _greedy(model, ids, n)
+    row = {}
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="labkit-inductor-") as cold_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold_dir
+        try:
+            for label in ("cold", "cached"):
+                model.compiled = program = CompiledStep(model, progress=False)
+                state = prefill(model, ids, max_len=len(ids) + 12)
+                decode(model, state, 1)  # the one-token program
+                model.step(torch.full((1, 2), ids[-1]), state.cache)  # the program for passes of 2..16 tokens
+                row[f"compile_{label}_s"] = sum(program.compile_s)
+                torch._dynamo.reset()  # the second round finds only the disk cache
+                model.compiled = None
+        finally:
+            if saved is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+    model.compiled = program
+    one = next(src for name, src in program.code.items() if "_t1_" in name)
+    row["program"] = program_summary(one)
+    tokens, _ = _greedy(model, ids, n)
+    same = next((i for i, (a, b) in enumerate(zip(tokens, eager_tokens)) if a != b), None)
+    row["tokens_equal_eager"] = n if same is None else same
+    if same is not None:
+        row["first_difference_margin"] = margins[same]
+        row["dtype_step_at_margin"] = _rounding_step(model.dtype)
+    row["graphs"] = program.graphs
+    return program, row
+
+
+def _rounding_step(dtype) -> float:
+    import torch
+
+    return float(torch.finfo(dtype).eps)
+
+
+def kernel_excerpts(program, max_lines: int = 40) -> dict[str, dict]:
+    """The one-token program's generated kernels for RMSNorm, RoPE and SwiGLU: name and C++ text."""
+    from labkit.model.compiled import kernel_source
+
+    one = next(src for name, src in program.code.items() if "_t1_" in name)
+    out = {}
+    for what, fragments in FRAGMENTS.items():
+        found = kernel_source(one, *fragments, max_lines=max_lines)
+        if found:
+            out[what] = {"kernel": found[0], "source": found[1]}
+    return out
