@@ -102,6 +102,19 @@ def test_what_it_leaves_to_the_eager_step_is_counted(f32):
     assert model.compiled.graphs == graphs  # nothing compiled for what runs eagerly
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_pass_into_the_last_slot_runs_eagerly_with_eager_numbers(f32, k):
+    model, _ = f32
+    outs = []
+    for m in (_model(), model):
+        cache = m.new_cache(batch_size=1, max_len=len(PROMPT[0]) + k)
+        with torch.no_grad():
+            m(torch.tensor(PROMPT), cache)
+            outs.append(m(torch.arange(k).view(1, k), cache))
+    assert torch.equal(outs[0], outs[1])
+    assert model.compiled.stats()["eager_calls"]["a pass into the cache's last slot"] >= 1
+
+
 def test_a_failed_pass_leaves_the_cache_as_it_was(f32):
     model, _ = f32
     cache = model.new_cache(batch_size=1, max_len=8)

@@ -106,7 +106,7 @@ def pass_costs(models: dict, ids: list[int], ks=(1, 2, 3, 4, 6, 8), rounds: int 
         raise ValueError(f"ks must be positive integers, got {ks!r}")
     if not isinstance(rounds, int) or rounds < 1 or not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"rounds and repeat must be positive integers, got rounds={rounds!r}, repeat={repeat!r}")
-    states = {name: prefill(m, ids, max_len=len(ids) + max(ks)) for name, m in models.items()}
+    states = {name: prefill(m, ids, max_len=len(ids) + max(ks) + 1) for name, m in models.items()}
     seconds = {name: {k: [] for k in ks} for name in models}
     for r in range(rounds + 1):  # round 0 warms up every shape
         for name, m in models.items():

@@ -165,6 +165,8 @@ class CompiledStep:
             return f"pass over more than {COMPILE_MAX_TOKENS} tokens"
         if cache.seq_len + ids.shape[1] < 2:
             return "first token of an empty cache"
+        if cache.seq_len + ids.shape[1] >= cache.max_len:  # keys[:n] is then the whole buffer: another program
+            return "a pass into the cache's last slot"
         if ids.device != self.model.device or cache.device != self.model.device:
             return "device"
         return None
