@@ -9,6 +9,7 @@ through `Toggle`: the same model with its compiled program switched on or off.
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 
@@ -45,15 +46,18 @@ def _greedy(model, ids: list[int], n: int):
     from labkit.generation.stages import prefill
 
     state = prefill(model, ids, max_len=len(ids) + n + 1)
-    tokens, margins = [], []
+    tokens, margins = [], []  # margins: (top-1 minus top-2, one rounding step at top-1's size)
     with torch.inference_mode():
         logits = state.logits
         for _ in range(n):
             top = logits.float().topk(2).values
-            margins.append(float(top[0] - top[1]))
+            margins.append((float(top[0] - top[1]), float(top[0].abs())))
             tokens.append(int(logits.argmax()))
             logits = model.step(torch.tensor([[tokens[-1]]]), state.cache)[0, -1]
-    return tokens, margins
+    # the coarsest float dtype the step computes in (bf16 activations give float32 logits a bf16 resolution)
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()} | {logits.dtype}
+    eps = max(torch.finfo(d).eps for d in dtypes)
+    return tokens, [(gap, eps * 2.0 ** math.floor(math.log2(max(top, 1e-30)))) for gap, top in margins]
 
 
 def compile_format(model, ids: list[int], n: int = 64) -> tuple[object, dict]:
@@ -89,16 +93,9 @@ def compile_format(model, ids: list[int], n: int = 64) -> tuple[object, dict]:
     same = next((i for i, (a, b) in enumerate(zip(tokens, eager_tokens)) if a != b), None)
     row["tokens_equal_eager"] = n if same is None else same
     if same is not None:
-        row["first_difference_margin"] = margins[same]
-        row["dtype_step_at_margin"] = _rounding_step(model.dtype)
+        row["first_difference_margin"], row["rounding_step_there"] = margins[same]
     row["graphs"] = program.graphs
     return program, row
-
-
-def _rounding_step(dtype) -> float:
-    import torch
-
-    return float(torch.finfo(dtype).eps)
 
 
 def kernel_excerpts(program, max_lines: int = 40) -> dict[str, dict]:

@@ -110,7 +110,7 @@ def _compile_all(models: dict, ids: list[int], report: dict) -> dict:
               f"the cache; {row['program']['launches']:4d} kernels a step (eager: "
               f"{report['formats'][name]['ops_per_step']:.0f} operator calls); greedy tokens equal eager's: "
               + ("all 64" if eq == 64 else f"the first {eq} (then a top-2 margin of "
-                 f"{row['first_difference_margin']:.3g}, rounding step {row['dtype_step_at_margin']:.3g})"))
+                 f"{row['first_difference_margin']:.3g}; one rounding step there: {row['rounding_step_there']:.3g})"))
         timed[name], timed[name + " compiled"] = Toggle(model, program, False), Toggle(model, program, True)
         if name == "int4 g32":
             report["compiled_kernels"] = kernel_excerpts(program)

@@ -11,11 +11,13 @@ constants, so compile *after* loading, quantizing or changing a model.
 
 Shapes are kept static so the program never recompiles during a decode: the cache is the
 contiguous one (fixed capacity, one buffer per layer, written in place at `positions`), and
-the only size that moves, the number of keys so far, is one symbolic dimension. Two programs
-per batch size: one for a one-token step (the GQA call the eager step makes) and one for
-passes of 2..`COMPILE_MAX_TOKENS` tokens (verification, small batches), each compiled on first
-use. Anything else runs the eager step, which gives the same numbers: longer passes (a prompt),
-other cache kinds, early exit, the batch-invariant mode, gradients; `stats` counts why.
+the only sizes that move, the number of keys so far and the cache's capacity, are symbolic
+dimensions. Programs are kept per batch size and `last_only`: one for a one-token step (the GQA
+call the eager step makes) and one for passes of 2..`COMPILE_MAX_TOKENS` tokens (verification,
+small batches), each compiled on first use. Anything else runs the eager step, which gives the
+same numbers: longer passes (a prompt), other cache kinds, early exit, the batch-invariant mode,
+gradients, the first token of an empty cache and a pass that fills the cache's last slot (where
+the keys so far are the whole buffer, which another program would have to handle); `stats` counts why.
 
 Exactness: the compiled program computes what the eager step computes, in float32 or the model's
 dtype, but fused loops sum RMSNorm's squares and the attention's products in their own order and
