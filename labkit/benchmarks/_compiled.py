@@ -13,7 +13,7 @@ import math
 import os
 import tempfile
 
-FRAGMENTS = {"RMSNorm (+ the residual add)": ("add_mean", "rsqrt"), "RoPE (+ the cache write)": ("stack", "sub"),
+FRAGMENTS = {"RMSNorm (+ the residual add)": ("add", "rsqrt"), "RoPE (+ the cache write)": ("stack", "sub"),
              "SwiGLU": ("silu",)}
 
 
@@ -98,14 +98,17 @@ def compile_format(model, ids: list[int], n: int = 64) -> tuple[object, dict]:
     return program, row
 
 
-def kernel_excerpts(program, max_lines: int = 40) -> dict[str, dict]:
-    """The one-token program's generated kernels for RMSNorm, RoPE and SwiGLU: name and C++ text."""
-    from labkit.model.compiled import kernel_source
+def kernel_excerpts(program, max_lines: int = 60) -> dict[str, dict]:
+    """The one-token program's generated kernels for RMSNorm, RoPE and SwiGLU: name, launches a step and C++
+    text. Of the kernels whose names hold the fragments, the one launched most (a per-layer kernel)."""
+    from labkit.model.compiled import kernel_source, program_summary
 
     one = next(src for name, src in program.code.items() if "_t1_" in name)
+    launches = program_summary(one)["fused_kernels"]
     out = {}
     for what, fragments in FRAGMENTS.items():
-        found = kernel_source(one, *fragments, max_lines=max_lines)
+        names = sorted((n for n in launches if all(f in n for f in fragments)), key=lambda n: (-launches[n], "index" in n))  # not the embedding's
+        found = kernel_source(one, names[0], max_lines=max_lines) if names else None
         if found:
-            out[what] = {"kernel": found[0], "source": found[1]}
+            out[what] = {"kernel": found[0], "launches": launches[found[0]], "source": found[1]}
     return out

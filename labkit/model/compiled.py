@@ -243,14 +243,15 @@ def program_summary(source: str) -> dict:
 
 
 def kernel_source(source: str, *fragments: str, max_lines: int = 60) -> tuple[str, str] | None:
-    """The first generated kernel whose name holds every fragment: (name, its C++ text without lone braces
+    """The first generated kernel whose name holds every fragment (or is the one full name given): (name, its C++ text without lone braces
     and error-flag bookkeeping, up to max_lines), or None."""
     import re
 
     for match in re.finditer(r'^extern "C"\s+void\s+(cpp_fused_\w+)\(', source, re.M):
         name = match.group(1)
         body_start = source.find("{", match.end())
-        if all(f in name for f in fragments) and body_start > 0 and source[match.end():body_start].count(";") == 0:
+        wanted = name == fragments[0] if fragments[0].startswith("cpp_fused_") else all(f in name for f in fragments)
+        if wanted and body_start > 0 and source[match.end():body_start].count(";") == 0:
             end = source.find("\n}\n", body_start)
             noise = ("inductor_cpu_integer_div_error", "C10_LIKELY", "#pragma")  # bookkeeping, not the arithmetic
             lines = [line for line in source[match.start():end + 2].splitlines()
