@@ -55,7 +55,8 @@ def _greedy(model, ids: list[int], n: int):
             tokens.append(int(logits.argmax()))
             logits = model.step(torch.tensor([[tokens[-1]]]), state.cache)[0, -1]
     # the coarsest float dtype the step computes in (bf16 activations give float32 logits a bf16 resolution)
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()} | {logits.dtype}
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()} | {logits.dtype} | {
+        m.act_dtype for m in model.modules() if isinstance(getattr(m, "act_dtype", None), torch.dtype)}
     eps = max(torch.finfo(d).eps for d in dtypes)
     return tokens, [(gap, eps * 2.0 ** math.floor(math.log2(max(top, 1e-30)))) for gap, top in margins]
 
