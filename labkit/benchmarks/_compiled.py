@@ -113,3 +113,33 @@ def kernel_excerpts(program, max_lines: int = 60) -> dict[str, dict]:
         if found:
             out[what] = {"kernel": found[0], "launches": launches[found[0]], "source": found[1]}
     return out
+
+
+DISPATCH_EVENTS = ("TorchDynamo Cache Lookup", "Pregraph bytecode", "Torch-Compiled Region",
+                   "AOTDispatcher Runtime Wrapper Prologue", "AOTDispatcher Runtime Wrapper Epilogue")
+
+
+def compiled_profile(model, ids: list[int], steps: int = 8) -> dict:
+    """Where a compiled decode step's time goes (the profiler's self times per step): the weight products, other
+    ATen operators the program calls (allocations, attention, sizes), the generated program itself (its loops
+    and C++ wrapper), Dynamo's per-call entry (the cache lookup and wrappers), and the rest (Python around it)."""
+    import time
+
+    import torch
+
+    from labkit.generation.profile import MATMUL_OPS, _quiet_stderr
+    from labkit.generation.stages import decode, prefill
+
+    state = prefill(model, ids, max_len=len(ids) + 2 * steps + 4)
+    decode(model, state, 2)
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        decode(model, state, steps)
+        wall = (time.perf_counter() - start) / steps
+    ms = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    parts = {"products_ms": sum(v for k, v in ms.items() if k in MATMUL_OPS),
+             "other_ops_ms": sum(v for k, v in ms.items() if k.startswith("aten::") and k not in MATMUL_OPS),
+             "program_ms": sum(v for k, v in ms.items() if k.startswith("## Call CompiledFxGraph")),
+             "dynamo_entry_ms": sum(ms.get(k, 0.0) for k in DISPATCH_EVENTS)}
+    parts["rest_ms"] = max(0.0, 1e3 * wall - sum(parts.values()))
+    return {"profiled_step_ms": 1e3 * wall, **parts}

@@ -1,0 +1,78 @@
+"""The compiled decode step of the two fastest formats (int4 g32, the GGUF file's Q4_1), on this CPU.
+
+A shorter companion to `labkit bench --only step` (which compiles every format): run it under
+each instruction set (`scripts/isa_env.sh`) to see whether compiling pays there. For each
+format: compile time cold and from the cache, kernels a step, greedy tokens against eager's,
+where the compiled step's time goes (`_compiled.compiled_profile`: products, other operators,
+the generated program, Dynamo's entry, the rest), T(k) / T(1) eager and compiled side by side,
+and decode tokens/s in interleaved rounds with llama.cpp on the same GGUF file (when the
+`peers` extra is installed). `--json data/compiled_bench.json` writes the file chapter 03 reads.
+"""
+from __future__ import annotations
+
+import statistics
+
+TITLE = "the compiled step of int4 and Q4_1: where its time goes, against eager and llama.cpp"
+KS = (1, 2, 4, 8)
+
+
+def run(quick: bool = False) -> dict:
+    import torch
+
+    import labkit
+    from labkit.benchmarks._compiled import Toggle, compile_format, compiled_profile
+    from labkit.benchmarks._peers import llama_cpp_decode_isolated
+    from labkit.benchmarks.step import PROMPT, _formats
+    from labkit.costmodel.cpu import emulated_isa
+    from labkit.generation.profile import decode_rates, pass_costs
+    from labkit.model.compiled import compiler_problem
+
+    why = compiler_problem()
+    if why:
+        print(f"  not measured: {why}")
+        return {"error": why}
+    _, tok = labkit.load("smollm2-135m")
+    ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
+    n, rounds = (16, 3) if quick else (48, 5)
+    report = {"threads": torch.get_num_threads(), "prompt_tokens": len(ids), "formats": {}}
+    timed, loaders = {}, _formats()
+    for name in ("int4 g32", "Q4_1 (GGUF)"):
+        model = loaders[name]()
+        program, row = compile_format(model, ids, n=32 if quick else 64)
+        row["profile"] = prof = compiled_profile(model, ids)
+        report["formats"][name] = row
+        print(f"  {name:12s} compiled in {row['compile_cold_s']:.0f} s cold, {row['compile_cached_s']:.0f} s from the "
+              f"cache; {row['program']['launches']} kernels a step; greedy tokens equal eager's: {row['tokens_equal_eager']}"
+              f" of {32 if quick else 64}")
+        print(f"  {'':12s} compiled step, profiled {prof['profiled_step_ms']:.1f} ms = products {prof['products_ms']:.1f} + "
+              f"other operators {prof['other_ops_ms']:.1f} + generated program {prof['program_ms']:.1f} + Dynamo's entry "
+              f"{prof['dynamo_entry_ms']:.1f} + the rest {prof['rest_ms']:.1f}")
+        timed[name], timed[name + " compiled"] = Toggle(model, program, False), Toggle(model, program, True)
+    costs = pass_costs(timed, ids, KS, rounds=rounds)
+    print("  T(k) / T(1) (interleaved)      " + "".join(f"{'k=' + str(k):>7s}" for k in KS[1:]) + "   step ms")
+    for name, per_k in costs.items():
+        row = report["formats"][name.removesuffix(" compiled")]
+        row["compiled_pass_ms" if name.endswith("compiled") else "eager_pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
+        print(f"  {name:30s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]) + f"   {1e3 * per_k[1]:6.1f}")
+    seconds, peer, why = {name: [] for name in timed}, [], None
+    for _ in range(rounds):
+        for name, rate in decode_rates(timed, ids, n=n, rounds=1).items():
+            seconds[name].append(1 / rate)
+        if why is None:
+            step_s, why = llama_cpp_decode_isolated(ids, n)
+            if step_s is not None:
+                peer.append(step_s)
+    rates = {name: 1 / statistics.median(s) for name, s in seconds.items()}
+    if peer:
+        rates["llama.cpp Q4_1"] = 1 / statistics.median(peer)
+    report["tok_s"] = rates
+    print(f"  decode, {n} greedy tokens, {rounds} interleaved rounds:")
+    for name, rate in rates.items():
+        ratio = (f"  {rate / rates['llama.cpp Q4_1']:.2f}x llama.cpp" if "llama.cpp Q4_1" in rates and name != "llama.cpp Q4_1"
+                 else "  (its own kernels for this CPU: an emulated instruction set does not reach it)"
+                 if name == "llama.cpp Q4_1" and emulated_isa() else "")
+        print(f"  {name:30s} {rate:6.1f} tok/s{ratio}")
+    if why is not None:
+        report["llama_cpp"] = why
+        print(f"  llama.cpp: {why}")
+    return report
