@@ -105,3 +105,26 @@ def llama_cpp_decode_isolated(prompt_ids: list[int], n: int, timeout_s: float = 
         return None, f"llama.cpp exited with code {proc.returncode}{signal} {tail[0][:200]}".rstrip()
     seconds = json.loads(proc.stdout.strip().splitlines()[-1])
     return (None, "llama-cpp-python is not installed (pip install -e '.[peers]')") if seconds is None else (seconds, None)
+
+
+def rates_beside_llama_cpp(models: dict, ids: list[int], n: int, rounds: int, each_round=None) -> tuple[dict, str | None]:
+    """Decode tokens/s of each name -> model and of llama.cpp on the same GGUF file, in interleaved rounds
+    (`each_round()` is called at the start of each, e.g. a roofline sample): (rates, why llama.cpp is missing)."""
+    import statistics
+
+    from labkit.generation.profile import decode_rates
+
+    seconds, peer, why = {name: [] for name in models}, [], None
+    for _ in range(rounds):
+        if each_round is not None:
+            each_round()
+        for name, rate in decode_rates(models, ids, n=n, rounds=1).items():
+            seconds[name].append(1 / rate)
+        if why is None:
+            step_s, why = llama_cpp_decode_isolated(ids, n)
+            if step_s is not None:
+                peer.append(step_s)
+    rates = {name: 1 / statistics.median(s) for name, s in seconds.items()}
+    if peer:
+        rates["llama.cpp Q4_1"] = 1 / statistics.median(peer)
+    return rates, why

@@ -10,8 +10,6 @@ and decode tokens/s in interleaved rounds with llama.cpp on the same GGUF file (
 """
 from __future__ import annotations
 
-import statistics
-
 TITLE = "the compiled step of int4 and Q4_1: where its time goes, against eager and llama.cpp"
 KS = (1, 2, 4, 8)
 
@@ -21,10 +19,10 @@ def run(quick: bool = False) -> dict:
 
     import labkit
     from labkit.benchmarks._compiled import Toggle, compile_format, compiled_profile
-    from labkit.benchmarks._peers import llama_cpp_decode_isolated
+    from labkit.benchmarks._peers import rates_beside_llama_cpp
     from labkit.benchmarks.step import PROMPT, _formats
     from labkit.costmodel.cpu import emulated_isa
-    from labkit.generation.profile import decode_rates, pass_costs
+    from labkit.generation.profile import pass_costs
     from labkit.model.compiled import compiler_problem
 
     why = compiler_problem()
@@ -54,17 +52,7 @@ def run(quick: bool = False) -> dict:
         row = report["formats"][name.removesuffix(" compiled")]
         row["compiled_pass_ms" if name.endswith("compiled") else "eager_pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
         print(f"  {name:30s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]) + f"   {1e3 * per_k[1]:6.1f}")
-    seconds, peer, why = {name: [] for name in timed}, [], None
-    for _ in range(rounds):
-        for name, rate in decode_rates(timed, ids, n=n, rounds=1).items():
-            seconds[name].append(1 / rate)
-        if why is None:
-            step_s, why = llama_cpp_decode_isolated(ids, n)
-            if step_s is not None:
-                peer.append(step_s)
-    rates = {name: 1 / statistics.median(s) for name, s in seconds.items()}
-    if peer:
-        rates["llama.cpp Q4_1"] = 1 / statistics.median(peer)
+    rates, why = rates_beside_llama_cpp(timed, ids, n, rounds)
     report["tok_s"] = rates
     print(f"  decode, {n} greedy tokens, {rounds} interleaved rounds:")
     for name, rate in rates.items():

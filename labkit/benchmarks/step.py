@@ -121,9 +121,9 @@ def run(quick: bool = False) -> dict:
     import torch
 
     import labkit
-    from labkit.benchmarks._peers import llama_cpp_decode_isolated
+    from labkit.benchmarks._peers import rates_beside_llama_cpp
     from labkit.costmodel import measure
-    from labkit.generation.profile import decode_rates, pass_costs, step_profile
+    from labkit.generation.profile import pass_costs, step_profile
     from labkit.model.invariance import default_kernels_report
 
     _, tok = labkit.load("smollm2-135m")
@@ -173,18 +173,9 @@ def run(quick: bool = False) -> dict:
         report["formats"][name]["invariant_pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
         report["formats"][name]["invariant_cost"] = {k: per_k[k] / costs[name][k] for k in KS}
         print(f"  {name:12s}" + "".join(f"{per_k[k] / costs[name][k]:7.2f}" for k in KS[1:]))
-    roof, seconds, peer, why = [], {name: [] for name in timed}, [], None
-    for _ in range(rounds):  # labkit's formats and llama.cpp (in a child process) in turn, a roofline sample each round
-        roof.append(measure.read_bandwidth_gb_s(seconds=0.3))
-        for name, rate in decode_rates(timed, ids, n=n, rounds=1).items():
-            seconds[name].append(1 / rate)
-        if why is None:
-            step_s, why = llama_cpp_decode_isolated(ids, n)
-            if step_s is not None:
-                peer.append(step_s)
-    rates = {name: 1 / statistics.median(s) for name, s in seconds.items()}
-    if peer:
-        rates["llama.cpp Q4_1"] = 1 / statistics.median(peer)
+    roof = []  # labkit's formats and llama.cpp (in a child process) in turn, a roofline sample each round
+    rates, why = rates_beside_llama_cpp(timed, ids, n, rounds,
+                                        each_round=lambda: roof.append(measure.read_bandwidth_gb_s(seconds=0.3)))
     report["roofline_gb_s"] = statistics.median(roof)
     report["tok_s"] = rates
     print(f"  decode, {n} greedy tokens, {rounds} interleaved rounds; streaming-read roofline "
