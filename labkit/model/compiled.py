@@ -50,12 +50,15 @@ COMPILE_MAX_TOKENS = 16  # passes of up to this many tokens run compiled (verifi
 
 
 def inductor_cache_dir() -> str:
-    """Where inductor keeps compiled programs: $TORCHINDUCTOR_CACHE_DIR, else `.build/inductor` beside the package."""
+    """Where inductor keeps compiled programs: $TORCHINDUCTOR_CACHE_DIR, else `.build/inductor/<ATen capability>`
+    beside the package. One folder per instruction set: inductor's own cache keys do not tell an emulated
+    smaller CPU (`ATEN_CPU_CAPABILITY=avx2`) from the real one, and a program built for one gives NaN on the other."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", os.path.abspath(default_cache_dir())):
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, ".build", "inductor")
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".build", "inductor")
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current in (None, "", os.path.abspath(default_cache_dir())) or current.startswith(root + os.sep):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, torch.backends.cpu.get_cpu_capability().lower())
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
