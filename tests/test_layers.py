@@ -18,7 +18,7 @@ PKG = ROOT / "labkit"
 
 # Bottom first. Packages on one row are one layer: they may use each other (cycles are still refused).
 LAYERS = [
-    {"data"},
+    {"data", "measure"},
     {"metrics"},
     {"tokenizer"},
     {"quant"},
@@ -37,7 +37,7 @@ PLOTTING = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib"}
 # The cost and power models are pure functions of a config and a profile: of the layers
 # below them they may read only the data files and the model's config (its shapes).
 PURE = {"costmodel", "power"}
-PURE_MAY_IMPORT = {"data", "costmodel", "power", "labkit.model.config"}
+PURE_MAY_IMPORT = {"data", "measure", "costmodel", "power", "labkit.model.config"}
 
 
 def module_name(path: Path) -> str:

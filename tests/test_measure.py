@@ -1,0 +1,203 @@
+"""labkit.measure on synthetic variants: known ratios, injected noise, a fake clock (no sleeping).
+
+What must hold for every verdict the lab prints to mean something:
+  * a real difference is never called the wrong way more often than the stated rate;
+  * identical variants are never called faster or slower beyond that rate;
+  * a pair too noisy to read gets "inconclusive", not a verdict;
+  * rounds grow only while undecided, and only up to the cap;
+  * the intervals cover the true ratio at least as often as they promise.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from labkit import measure
+from labkit.measure.stats import median_interval, shift_interval, sign_test_rank, summary
+
+
+class FakeClock:
+    """A clock that moves only when a synthetic variant 'runs'."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def variant(self, median: float, sigma: float, rng: random.Random, spikes: float = 0.0):
+        """A callable that takes `median` seconds times log-normal noise, plus rare 3x spikes (a busy core)."""
+        def fn():
+            x = median * math.exp(rng.gauss(0.0, sigma))
+            if spikes and rng.random() < spikes:
+                x *= 3.0
+            self.t += x
+        return fn
+
+
+def synthetic_compare(true_ratio, sigma, seed, **kw):
+    rng, clock = random.Random(seed), FakeClock()
+    a = clock.variant(1e-3 * true_ratio, sigma, rng, kw.pop("spikes", 0.0))
+    b = clock.variant(1e-3, sigma, rng)
+    return measure.compare(a, b, clock=clock, **kw)
+
+
+def test_run_interleaves_keeps_samples_and_records_the_machine():
+    order = []
+    r = measure.run({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=4, warmup=1, machine=False)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]  # the first in each round rotates
+    assert r["a"].rounds == r["b"].rounds == 4 and len(r["a"].samples) == 4
+    assert r.machine["loadavg"] is None or len(r.machine["loadavg"]) == 3
+    assert "loadavg_after" in r.machine
+    d = r.as_dict()
+    assert set(d["variants"]["a"]) >= {"samples", "median", "iqr", "min", "max"}
+
+
+def test_run_per_unit_and_setup_untimed():
+    clock = FakeClock()
+    def setup(name):
+        clock.t += 100.0  # an expensive setup must not enter the samples
+    def fn():
+        clock.t += 0.016
+    r = measure.run({"x": fn}, rounds=3, warmup=0, per=16, unit="token", clock=clock, setup=setup, machine=False)
+    assert r["x"].samples == pytest.approx((0.001,) * 3)
+    assert r["x"].per == "token"
+
+
+@pytest.mark.parametrize("true_ratio", [0.8, 0.9, 1.12, 1.3])
+def test_compare_never_gets_the_direction_wrong_beyond_its_rate(true_ratio):
+    trials, wrong, right = 300, 0, 0
+    wrong_word = "slower" if true_ratio < 1 else "faster"
+    right_word = "faster" if true_ratio < 1 else "slower"
+    for seed in range(trials):
+        c = synthetic_compare(true_ratio, 0.15, seed, margin=0.03, rounds=10, max_rounds=40)
+        wrong += c.verdict == wrong_word
+        right += c.verdict == right_word
+    assert wrong / trials <= 0.025  # alpha / 2 is the stated bound on a wrong direction
+    assert right / trials >= 0.5     # and a real 10-30 % difference is mostly found at this noise
+
+
+def test_identical_variants_are_the_same_or_inconclusive():
+    for sigma in (0.02, 0.05, 0.2):
+        verdicts = [synthetic_compare(1.0, sigma, seed, margin=0.03).verdict for seed in range(300)]
+        wrong = sum(v in ("faster", "slower") for v in verdicts)
+        assert wrong / len(verdicts) <= 0.05, sigma
+        if sigma == 0.02:  # quiet enough for 40 rounds to pin the ratio inside +-3 %
+            assert verdicts.count("same within margin") > len(verdicts) * 0.9
+
+
+def test_a_noisy_pair_is_inconclusive_not_judged():
+    # a 2 % true difference under 40 % noise: no verdict should come out of 40 rounds
+    verdicts = [synthetic_compare(1.02, 0.4, seed, margin=0.03, spikes=0.1).verdict for seed in range(100)]
+    assert verdicts.count("inconclusive") >= 90
+    assert verdicts.count("faster") <= 3
+
+
+def test_rounds_grow_only_while_undecided_and_only_to_the_cap():
+    clear = synthetic_compare(0.5, 0.02, 0, rounds=10, max_rounds=40)
+    assert clear.verdict == "faster" and clear.rounds == 10 and clear.looks == 1
+    noisy = synthetic_compare(1.0, 0.5, 1, rounds=8, max_rounds=30, margin=0.01)
+    assert noisy.verdict == "inconclusive" and noisy.rounds == 30 and noisy.looks == 3  # 8, 16, 30
+    assert len(noisy.a.samples) == len(noisy.b.samples) == 30
+
+
+def test_intervals_cover_the_true_ratio_at_their_confidence():
+    hits, n = 0, 400
+    for seed in range(n):
+        c = synthetic_compare(1.25, 0.2, seed, rounds=12, max_rounds=12, margin=0.0)
+        hits += c.low <= 1.25 <= c.high
+    assert hits / n >= 0.93  # promised 95 %, up to Monte-Carlo error on 400 trials
+
+
+def test_compare_timings_paired_and_unpaired():
+    clock, rng = FakeClock(), random.Random(3)
+    r = measure.run({"fast": clock.variant(1e-3, 0.05, rng), "slow": clock.variant(2e-3, 0.05, rng)}, rounds=12,
+                    clock=clock, machine=False)
+    c = measure.compare(r["fast"], r["slow"])
+    assert c.method.startswith("paired") and c.verdict == "faster"
+    assert c.speedup == pytest.approx(2.0, rel=0.1) and c.speedup_interval[0] <= c.speedup <= c.speedup_interval[1]
+    r2 = measure.run({"slow": clock.variant(2e-3, 0.05, rng)}, rounds=12, clock=clock, machine=False)
+    u = measure.compare(r["fast"], r2["slow"])
+    assert u.method.startswith("unpaired") and u.verdict == "faster" and u.ratio == pytest.approx(0.5, rel=0.1)
+    assert "faster than slow" in str(c) and "1 rounds" not in str(c)
+
+
+def test_compare_refuses_bad_input():
+    with pytest.raises(ValueError, match="margin"):
+        measure.compare(lambda: 0, lambda: 0, margin=1.5)
+    with pytest.raises(ValueError, match="max_rounds"):
+        measure.compare(lambda: 0, lambda: 0, rounds=10, max_rounds=5)
+    with pytest.raises(ValueError, match="both"):
+        measure.compare(lambda: 0, measure.run({"x": lambda: 0}, rounds=1, machine=False)["x"])
+    with pytest.raises(ValueError, match="rounds"):
+        measure.run({"x": lambda: 0}, rounds=0)
+    with pytest.raises(ValueError, match="fns"):
+        measure.run({})
+
+
+def test_an_inconclusive_comparison_prints_no_verdict_word():
+    c = synthetic_compare(1.0, 0.5, 1, rounds=8, max_rounds=16, margin=0.01)
+    text = str(c)
+    assert "inconclusive" in text and " faster than " not in text and " slower than " not in text
+
+
+def test_decide_rule():
+    assert measure.decide(0.99, 1.01, 0.03) == "same within margin"
+    assert measure.decide(0.90, 0.99, 0.03) == "faster"
+    assert measure.decide(1.01, 1.20, 0.03) == "slower"
+    assert measure.decide(0.90, 1.10, 0.03) == "inconclusive"
+
+
+def test_claim_rule():
+    assert measure.claim("x", 0.3, high=0.5).verdict == "holds"
+    assert measure.claim("x", 0.7, high=0.5).verdict == "fails"
+    assert measure.claim("x", 1.6, interval=(1.55, 1.7), low=1.5).verdict == "holds"
+    assert measure.claim("x", 1.4, interval=(1.2, 1.45), low=1.5).verdict == "fails"
+    c = measure.claim("x", 1.5, interval=(1.3, 1.7), low=1.5)
+    assert c.verdict == "inconclusive" and "straddles" in str(c)
+    comp = synthetic_compare(0.5, 0.02, 0)  # a is 2x faster than b
+    assert measure.claim("2x", comp, low=1.8).verdict == "holds"
+    assert measure.claim("3x", comp, low=3.0).verdict == "fails"
+    with pytest.raises(ValueError, match="band"):
+        measure.claim("x", 1.0)
+    with pytest.raises(ValueError, match="low must be <= high"):
+        measure.claim("x", 1.0, low=2, high=1)
+
+
+def test_split_checks_parts_against_the_step():
+    s = measure.split({"products": 4.0, "other": 3.0}, profiled_ms=10.0, plain_ms=8.0, unseen=("AOTI shim calls",))
+    assert s.overhead == pytest.approx(0.25) and s.unattributed_ms == pytest.approx(3.0)
+    assert sum(s.shares().values()) == pytest.approx(1.0)
+    assert sum(s.scaled_ms().values()) == pytest.approx(8.0)
+    assert "+25%" in s.table() and "cannot see: AOTI shim calls" in s.table()
+    with pytest.raises(ValueError, match="overlap"):
+        measure.split({"a": 6.0, "b": 6.0}, profiled_ms=10.0, plain_ms=8.0)
+
+
+def test_stopwatch_accounts_for_the_whole():
+    clock = FakeClock()
+    sw = measure.Stopwatch(clock)
+    with sw.whole():
+        with sw.part("draft"):
+            clock.t += 1.0
+        clock.t += 0.5  # work in no part
+        with sw.part("verify"):
+            clock.t += 2.0
+    assert sw.totals() == {"draft": 1.0, "verify": 2.0}
+    assert sw.whole_seconds == 3.5 and sw.untimed() == pytest.approx(0.5)
+
+
+def test_order_statistic_intervals_against_exact_binomial():
+    # n = 5: P(Bin <= 0) = 1/32 = 0.03125 <= 0.05 -> k = 1 at 90 %; nothing at 95 % (0.03125 > 0.025)
+    assert sign_test_rank(5, 0.90) == 1 and sign_test_rank(5, 0.95) == 0
+    assert median_interval([5, 1, 4, 2, 3], 0.95) == (-math.inf, math.inf)
+    # n = 20 at 95 %: the classic k = 6 (P(Bin(20, .5) <= 5) = 0.0207)
+    assert sign_test_rank(20, 0.95) == 6
+    # Mann-Whitney, n = m = 10 at 95 %: the critical U of tables is 23 -> the 24th smallest difference
+    xs, ys = list(range(10)), [y + 0.5 for y in range(10)]
+    est, lo, hi = shift_interval(xs, ys, 0.95)
+    diffs = sorted(x - y for x in xs for y in ys)
+    assert (lo, hi) == (diffs[23], diffs[100 - 24]) and est == pytest.approx(-0.5)
+    assert summary([1, 2, 3, 4])["iqr"] == pytest.approx(1.5)
