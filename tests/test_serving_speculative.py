@@ -355,3 +355,38 @@ def test_a_speculating_server_reports_accepted_and_drafted_tokens(shakespeare):
     assert counts["labkit:spec_decode_num_accepted_tokens_total"] == details.accepted_prediction_tokens
     assert counts["labkit:spec_decode_num_draft_tokens_total"] == (details.accepted_prediction_tokens
                                                                    + details.rejected_prediction_tokens)
+
+
+class _SlowLookup(PromptLookup):
+    """Prompt lookup that spends a known extra time drafting (a busy wait, so it is real work on the clock)."""
+
+    def propose(self, history, gamma, params=None, generator=None):
+        from labkit.measure import now
+        start = now()
+        while now() - start < 0.004:
+            pass
+        return super().propose(history, gamma, params, generator)
+
+
+@pytest.mark.parametrize("host_time", [True, False])
+def test_the_engine_clock_covers_drafting_and_verification(tiny, host_time):
+    """The whole step is timed: with a modelled pass cost, the drafting (4 ms here) moves the clock too, unless
+    host_time=False asks for the passes alone; every step says how its time split."""
+    engine = Engine(tiny, max_batch=2, token_budget=32, drafter=_SlowLookup(), spec_budget="fixed:2",
+                    pass_time=lambda rows: 0.001, host_time=host_time)
+    engine.add(Request(0, [1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=6))
+    now, drafted = 0.0, 0
+    while engine.scheduler.has_work:
+        step = engine.step(now)
+        drafted += step.drafted
+        parts = step.parts
+        assert {"draft", "schedule", "pass", "verify and sample", "emit"} <= set(parts)
+        assert parts["pass (modelled)"] == 0.001
+        took = step.end - step.start
+        if host_time:
+            assert took >= 0.001 + parts["draft"] + parts["verify and sample"]
+            assert parts["draft"] >= 0.004 or not step.drafted
+        else:
+            assert took == pytest.approx(0.001)
+        now = step.end
+    assert drafted > 0

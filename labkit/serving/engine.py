@@ -15,13 +15,13 @@ on this machine, while a trace with long pauses still runs in seconds.
 """
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from labkit.kvcache.batch import PagedBatch
+from labkit.measure import Stopwatch
 from labkit.model.kernels import batch_invariant as invariant
 from labkit.sampling.pipeline import sample_next
 from labkit.serving.request import Request, Status
@@ -61,6 +61,7 @@ class Step:
     prompt_tokens: int = 0  # their prompts' tokens (with n_running: what reserving prompt + max_tokens each would hold)
     drafted: int = 0        # drafted tokens the pass verified (speculation), of its n_tokens
     accepted: int = 0       # of which accepted
+    parts: dict = field(default_factory=dict)  # seconds of each part of the step's work (Engine.step)
 
     @property
     def n_tokens(self) -> int:
@@ -101,13 +102,15 @@ class Engine:
     passes: with drafts or without, under any load.
     `pass_time(rows) -> seconds` (rows [(request, tokens)]): the clock advances by it instead of each pass's wall
     time, and the budget sees it as the pass's cost (a measured table, `passcost.step_time`, or a GPU's modelled
-    pass); None: the wall time.
+    pass); None: the wall time. The clock always covers the step's whole work: with `pass_time`, the host's
+    measured drafting, scheduling, verification, sampling and emitting are added to the pass's cost unless
+    `host_time=False` (a modelled machine whose host work is not this one's; say so beside its figures).
     """
 
     def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
                  block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0,
                  prefix_cache: bool = True, drafter=None, spec_budget="auto", batch_invariant: bool = False,
-                 pass_time=None):
+                 pass_time=None, host_time: bool = True):
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -125,6 +128,9 @@ class Engine:
         if pass_time is not None and not callable(pass_time):
             raise ValueError(f"pass_time must be None or a callable rows -> seconds, got {type(pass_time).__name__}")
         self.pass_time = pass_time
+        if not isinstance(host_time, bool):
+            raise ValueError(f"host_time must be True or False, got {host_time!r}")
+        self.host_time = host_time
         self.batch_invariant = batch_invariant
         self.steps: list[Step] = []
         self.listeners: dict = {}  # request id -> callable(request, token) (the server streams through it)
@@ -151,34 +157,73 @@ class Engine:
     def step(self, now: float = 0.0, draining: bool = False, clock=None) -> Step | None:
         """Run one pass at time `now`; return it (None when nothing could run).
 
-        Token times are `now` + the pass's wall time, or `clock()` after the pass when given.
+        The whole step is timed, in parts (`Step.parts`): drafting, scheduling, the pass, verification
+        and sampling, emitting. Its tokens are given at `now` + that whole time (with `pass_time`, the
+        pass's part is its modelled cost and, when `host_time`, the other parts are this machine's
+        measured work), or at `clock()` after the work when a clock is given.
         If the pass itself fails, `PassFailed` names its requests (the caller decides their fate);
         a request whose own sampling fails (bad parameters for these logits) ends alone, with
         finish_reason "rejected", and the pass goes on for the others.
         """
-        if self.speculator is not None:
-            self.speculator.draft(self.scheduler)
-        rows = self.scheduler.schedule(now, draining)
-        if not rows:
-            return None
-        t0 = time.perf_counter()
-        try:
-            ids = [t for req, n in rows for t in req.next_tokens(n)]
-            self.cache.plan([(req.id, n) for req, n in rows], logits={req.id: n for req, n in rows if req.draft})
-            with invariant(self.model) if self.batch_invariant else nullcontext():
-                logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache, last_only=True)[0]
-            if torch.isnan(logits).any():
-                raise ValueError("the model produced NaN logits; refusing to sample")
-        except Exception as exc:
-            raise PassFailed([req for req, _ in rows], exc) from exc
-        seconds = time.perf_counter() - t0 if self.pass_time is None else float(self.pass_time(rows))
-        if self.speculator is not None:
-            self.speculator.budget.observe_pass(len(ids), seconds, rows=len(rows))
-        if self.scheduler.prefix_cache:  # the blocks this pass filled, findable by later requests
-            for req, _ in rows:
-                self.cache.tables.register_full(req.id, req.tokens)
-        end = now + seconds if clock is None else clock()
-        logits, at, drafted, accepted = logits.float(), 0, 0, 0
+        sw = Stopwatch()
+        with sw.whole():
+            if self.speculator is not None:
+                with sw.part("draft"):
+                    self.speculator.draft(self.scheduler)
+            with sw.part("schedule"):
+                rows = self.scheduler.schedule(now, draining)
+            if not rows:
+                return None
+            try:
+                with sw.part("pass"):
+                    ids = [t for req, n in rows for t in req.next_tokens(n)]
+                    self.cache.plan([(req.id, n) for req, n in rows], logits={req.id: n for req, n in rows if req.draft})
+                    with invariant(self.model) if self.batch_invariant else nullcontext():
+                        logits = self.model(torch.tensor([ids], device=self.model.device), cache=self.cache,
+                                            last_only=True)[0]
+                    if torch.isnan(logits).any():
+                        raise ValueError("the model produced NaN logits; refusing to sample")
+            except Exception as exc:
+                raise PassFailed([req for req, _ in rows], exc) from exc
+            pass_s = sw.totals()["pass"] if self.pass_time is None else float(self.pass_time(rows))
+            if self.speculator is not None:
+                self.speculator.budget.observe_pass(len(ids), pass_s, rows=len(rows))
+            with sw.part("verify and sample"):
+                if self.scheduler.prefix_cache:  # the blocks this pass filled, findable by later requests
+                    for req, _ in rows:
+                        self.cache.tables.register_full(req.id, req.tokens)
+                out, failed, drafted, accepted = self._choose_rows(rows, logits.float())
+            end = self._end(now, clock, sw, pass_s)
+            with sw.part("emit"):
+                for req, message in failed:
+                    self.abort(req, "rejected", message, end)
+                for req, tokens in out:
+                    self._emit(req, tokens, end)
+                for req, _ in rows:
+                    req.draft, req.draft_q = [], None
+        step = Step.after(len(self.steps), now, self._end(now, clock, sw, pass_s), rows, self.scheduler)
+        step.drafted, step.accepted = drafted, accepted
+        step.parts = sw.totals()
+        if self.pass_time is not None:
+            step.parts["pass (modelled)"] = pass_s
+        self.steps.append(step)
+        return step
+
+    def _end(self, now: float, clock, sw: Stopwatch, pass_s: float) -> float:
+        """When this step's tokens are out: `clock()`, or `now` + the work timed so far (the pass's cost in
+        place of its wall time when `pass_time` models it; the host's other work unless `host_time=False`).
+        Inside the step the parts so far count; after it, the whole (the gaps between parts included)."""
+        if clock is not None:
+            return clock()
+        wall_pass = sw.totals().get("pass", 0.0)
+        done = sw.whole_seconds or sum(sw.totals().values())
+        host = done - wall_pass
+        return now + pass_s + (host if (self.pass_time is None or self.host_time) else 0.0)
+
+    def _choose_rows(self, rows, logits):
+        """Verify and sample every row of a pass: ([(request, [(token, logits)])], [(request, why it failed)],
+        drafted, accepted). Nothing is emitted yet (the step's time must include this work first)."""
+        out, failed, at, drafted, accepted = [], [], 0, 0, 0
         for req, n in rows:
             k = len(req.draft)
             row_logits, at = logits[at:at + k + 1], at + k + 1
@@ -186,28 +231,23 @@ class Engine:
                 try:
                     n_ok, token = self.speculator.verify(req, row_logits)
                 except (ValueError, RuntimeError) as exc:
-                    self.abort(req, "rejected", f"sampling failed: {exc}", end)
+                    failed.append((req, f"sampling failed: {exc}"))
                     continue
                 req.n_cached += 1 + n_ok
                 req.steps.append((len(self.steps), n))
                 self.cache.tables.truncate(req.id, req.n_cached)
                 drafted, accepted = drafted + k, accepted + n_ok
-                self._emit(req, list(zip(req.draft[:n_ok] + [token], row_logits)), end)
+                out.append((req, list(zip(req.draft[:n_ok] + [token], row_logits))))
                 continue
             if not req.advance(n, len(self.steps)):
                 continue  # a prompt chunk: no token yet
             try:
                 token = self._choose(req, row_logits[0])
             except (ValueError, RuntimeError) as exc:  # this request's parameters: it fails alone
-                self.abort(req, "rejected", f"sampling failed: {exc}", end)
+                failed.append((req, f"sampling failed: {exc}"))
                 continue
-            self._emit(req, [(token, row_logits[0])], end)
-        step = Step.after(len(self.steps), now, end, rows, self.scheduler)
-        step.drafted, step.accepted = drafted, accepted
-        self.steps.append(step)
-        for req, _ in rows:
-            req.draft, req.draft_q = [], None
-        return step
+            out.append((req, [(token, row_logits[0])]))
+        return out, failed, drafted, accepted
 
     def _emit(self, req: Request, tokens: list, end: float) -> None:
         """Give `req` its new tokens [(token, the logits it came from)] until it is done; tell its listener."""

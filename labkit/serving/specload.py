@@ -151,12 +151,14 @@ def trace(recorded: dict, rate: float, copies: int = 1, seed: int = 0) -> list[R
 
 def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off", copies: int = 1,
            policy: str = "chunked", max_batch: int = 16, token_budget: int = 128, seed: int = 0, model=None,
-           batch_invariant: bool = True, head: float | None = None) -> dict:
+           batch_invariant: bool = True, head: float | None = None, host_time: bool = True) -> dict:
     """One replay: the summary (`trace.summarize`, plus drafted and accepted tokens and per-kind TPOT) and the
     requests served ("served"). `model`: serve with this model instead of the recording, to check the recording
     against it (`batch_invariant` as the recording was made, or False to time the default mode's passes);
     `pass_time` None: the wall time of each pass. `head`: draft with a `ModelledHead` of that acceptance instead of
-    prompt lookup."""
+    prompt lookup. `host_time`: the clock adds this machine's measured drafting, scheduling, verification
+    and sampling to each pass's cost (`Engine`'s); False times the passes alone, which only checks that the replay
+    makes the engine's passes (equal times by construction, not a timing)."""
     from labkit.speculative import PromptLookup
 
     reqs = trace(recorded, rate, copies, seed)
@@ -166,6 +168,7 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
     longest = max(len(p) + len(r) for p, r in zip(recorded["prompts"], recorded["replies"]))
     engine = Engine(model, policy=policy, max_batch=max_batch, token_budget=token_budget, block_size=16,
                     num_blocks=max_batch * (-(-longest // 16) + 1), prefix_cache=False, pass_time=pass_time,
+                    host_time=host_time,
                     drafter=None if budget == "off" else PromptLookup() if head is None else ModelledHead(
                         recorded, head, seed), spec_budget=budget,
                     batch_invariant=batch_invariant and not isinstance(model, RecordedModel))
