@@ -1,5 +1,7 @@
 """Chapter 07's pure parts: exactness by sampling, the speed-up formula with measured costs, figures, checkers."""
 import pytest
+
+from labkit import measure
 import torch
 
 from labkit import exercises
@@ -35,6 +37,21 @@ def test_relative_costs_measure_a_pass_per_k_and_the_draft_share():
     assert costs.relative_costs(model, ks=[2], repeat=1)[0] == 0.0
     with pytest.raises(ValueError, match="k must be a positive integer"):
         costs.target_pass_s(model, 0)
+
+
+def test_verification_costs_are_comparisons_and_the_cheapest_is_judged():
+    small, big = tiny().requires_grad_(False), tiny().requires_grad_(False)
+    vc = costs.verification_costs({"a": small, "b": big}, ks=[2, 4], rounds=8)
+    assert set(vc) == {"a", "b"} and set(vc["a"]) == {2, 4}
+    for row in vc.values():
+        for k, c in row.items():
+            assert c.method.startswith("paired") and c.rounds == 8 and c.low <= c.ratio <= c.high
+            assert c.a.name == f"T({k})" and c.b.name == "T(1)"
+    name, verdict = costs.cheapest_verifier(vc, 4)
+    assert name in ("a", "b") and verdict.verdict in measure.VERDICTS
+    assert verdict.verdict != "slower"  # the one ranked cheapest by its median is never measurably dearer
+    with pytest.raises(ValueError, match="k must be one of"):
+        costs.cheapest_verifier(vc, 3)
 
 
 def test_figures():

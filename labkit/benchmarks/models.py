@@ -47,7 +47,7 @@ def run(quick: bool = False) -> dict:
     import torch
 
     import labkit
-    from labkit.benchmarks._timing import interleaved_medians
+    from labkit import measure
     from labkit.data import paths
     from labkit.model.checkpoint import load_model, read_header
 
@@ -87,15 +87,15 @@ def run(quick: bool = False) -> dict:
 
     # runs of 8 steps (as a draft runs its gamma steps back to back), and single steps alternating
     # with the other model (each starts with caches full of the other model's weights)
-    runs = interleaved_medians({n: steps(models[n], 8) for n in ("shakespeare", "shakespeare-draft")},
-                               repeat=8 if quick else 25, warmup=2)
-    cold = interleaved_medians({n: steps(models[n], 1) for n in ("shakespeare", "shakespeare-draft")},
-                               repeat=15 if quick else 40, warmup=3)
-    step = {n: s / 8 for n, s in runs.items()}
-    ratio = step["shakespeare"] / step["shakespeare-draft"]
-    cold_ratio = cold["shakespeare"] / cold["shakespeare-draft"]
+    pair = ("shakespeare", "shakespeare-draft")
+    runs = measure.run({n: steps(models[n], 8) for n in pair}, rounds=8 if quick else 25, warmup=2, per=8, unit="token")
+    cold_run = measure.run({n: steps(models[n], 1) for n in pair}, rounds=15 if quick else 40, warmup=3, unit="token")
+    step, cold = runs.medians(), cold_run.medians()
+    ratio_c, cold_c = measure.compare(runs[pair[0]], runs[pair[1]]), measure.compare(cold_run[pair[0]], cold_run[pair[1]])
+    ratio, cold_ratio = ratio_c.ratio, cold_c.ratio
     print(f"  decode step (batch 1, medians, interleaved): target {step['shakespeare'] * 1e3:.2f} ms, draft "
-          f"{step['shakespeare-draft'] * 1e3:.2f} ms in runs of 8 steps: the target costs {ratio:.1f} draft steps")
+          f"{step['shakespeare-draft'] * 1e3:.2f} ms in runs of 8 steps: the target costs {ratio:.1f} draft steps "
+          f"(interval {ratio_c.low:.1f}–{ratio_c.high:.1f})")
     print(f"  single steps alternating between the models: target {cold['shakespeare'] * 1e3:.2f} ms, draft "
           f"{cold['shakespeare-draft'] * 1e3:.2f} ms ({cold_ratio:.1f}x): a draft step right after a target step "
           "finds its weights evicted from the caches")
@@ -112,4 +112,6 @@ def run(quick: bool = False) -> dict:
             print(f"  sample from {name} (T=0.8, top-k 50, seed {s}): {PROMPT + text!r}")
     return {"models": rows, "quality": q, "decode_step_s": steps_s, "target_over_draft": ratio,
             "single_step_s": cold, "target_over_draft_single_steps": cold_ratio, "samples": samples,
+            "decode_step_timings": runs.as_dict(), "single_step_timings": cold_run.as_dict(),
+            "target_over_draft_comparison": ratio_c.as_dict(), "single_steps_comparison": cold_c.as_dict(),
             "threads": torch.get_num_threads()}

@@ -1,22 +1,23 @@
 """BPE training and encoding speed, next to the naive trainer, tiktoken and Hugging Face `tokenizers`."""
 from __future__ import annotations
 
-import time
 
 TITLE = "BPE training (incremental vs naive) and encoding speed (vs tiktoken)"
 
 
 def _once(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
+    from labkit import measure
+
+    with measure.timer() as t:
+        out = fn()
+    return t.seconds, out
 
 
 def run(quick: bool = False) -> dict:
     from labkit.data import corpus
     from labkit.tokenizer import gguf as gguf_tokenizer
     from labkit.data import paths
-    from labkit.benchmarks._timing import interleaved_medians, median_seconds
+    from labkit import measure
     from labkit.tokenizer.bpe import BPETokenizer
     from labkit.tokenizer.gguf import from_gguf
 
@@ -53,7 +54,9 @@ def run(quick: bool = False) -> dict:
         timings["tiktoken"] = lambda: enc.encode_ordinary(val_text)
     except ImportError:
         print("  (tiktoken not installed: no peer)")
-    medians = interleaved_medians(timings, repeat=repeat)
+    encode_run = measure.run(timings, rounds=repeat)
+    medians = encode_run.medians()
+    results["encode_timings"] = encode_run.as_dict()
     print(f"  encode {len(val_text.encode('utf-8')) / 1e6:.2f} MB -> {n_tokens:,} tokens:")
     print(f"    {'labkit, cold cache':20s} {n_tokens / cold_s:12,.0f} tokens/s")
     for name, s in medians.items():
@@ -78,7 +81,9 @@ def run(quick: bool = False) -> dict:
     ids = smol.encode_chat(messages)
     smol._cache.clear()
     first_s, _ = _once(lambda: smol.encode_chat(messages))
-    warm_s = median_seconds(lambda: smol.encode_chat(messages), repeat=repeat * 4)
+    warm = measure.run({"warm": lambda: smol.encode_chat(messages)}, rounds=repeat * 4)["warm"]
+    warm_s = warm.median
+    results["smollm2_prompt_warm_timing"] = warm.as_dict()
     print(f"  SmolLM2 tokenizer from GGUF: {load_s * 1e3:8.0f} ms")
     print(f"  SmolLM2 chat prompt of {len(ids)} tokens: {first_s * 1e3:.2f} ms cold, {warm_s * 1e3:.2f} ms warm")
     results.update(smollm2_load_s=load_s, smollm2_prompt_tokens=len(ids), smollm2_prompt_cold_s=first_s, smollm2_prompt_warm_s=warm_s)

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
-import time
 
 import torch
 
+from labkit import measure
+
 from labkit.generation.stages import decode, prefill
 
-__all__ = ["step_profile", "decode_rates", "pass_costs", "layer_rates", "MATMUL_OPS"]
+__all__ = ["step_profile", "decode_rates", "decode_timings", "pass_costs", "pass_timings", "layer_rates", "MATMUL_OPS"]
 
 # the operators that multiply by a weight matrix: float (BLAS), packed int8/int4
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::_weight_int8pack_mm",
@@ -58,13 +58,13 @@ def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     state = prefill(model, ids, max_len=len(ids) + 2 * steps + 2)
     decode(model, state, 2)  # warm-up
-    start = time.perf_counter()
-    decode(model, state, steps)
-    wall = (time.perf_counter() - start) / steps
-    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
+    with measure.timer() as t:
         decode(model, state, steps)
-        profiled = (time.perf_counter() - start) / steps
+    wall = t.seconds / steps
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with measure.timer() as t:
+            decode(model, state, steps)
+        profiled = t.seconds / steps
     events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
     ms = {e.key: e.self_cpu_time_total / 1e3 / steps for e in events}
     calls = sum(e.count for e in events) / steps
@@ -79,16 +79,23 @@ def decode_rates(models: dict, ids: list[int], n: int = 16, rounds: int = 3) -> 
     """Greedy decode tokens/s of each name → model after the same prompt: rounds interleaved, median per model."""
     if not isinstance(n, int) or n < 1 or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"n and rounds must be positive integers, got n={n!r}, rounds={rounds!r}")
-    seconds: dict[str, list[float]] = {name: [] for name in models}
+    return {name: n / t.median for name, t in decode_timings(models, ids, n, rounds).items()}
+
+
+def decode_timings(models: dict, ids: list[int], n: int = 16, rounds: int = 3):
+    """A `labkit.measure.Run` of `n` greedy decode steps per name -> model after the prompt `ids` (the prefill
+    untimed before each), rounds interleaved: seconds per token, with their spread."""
+    if not isinstance(n, int) or n < 1 or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"n and rounds must be positive integers, got n={n!r}, rounds={rounds!r}")
     for m in models.values():  # warm-up
         decode(m, prefill(m, ids, max_len=len(ids) + 4), 2)
-    for _ in range(rounds):
-        for name, m in models.items():
-            state = prefill(m, ids, max_len=len(ids) + n + 1)
-            start = time.perf_counter()
-            decode(m, state, n)
-            seconds[name].append(time.perf_counter() - start)
-    return {name: n / statistics.median(s) for name, s in seconds.items()}
+    states = {}
+
+    def setup(name):
+        states[name] = prefill(models[name], ids, max_len=len(ids) + n + 1)
+
+    fns = {name: (lambda name=name: decode(models[name], states[name], n)) for name in models}
+    return measure.run(fns, rounds=rounds, warmup=0, per=n, unit="token", setup=setup, machine=False)
 
 
 @torch.inference_mode()
@@ -106,20 +113,26 @@ def pass_costs(models: dict, ids: list[int], ks=(1, 2, 3, 4, 6, 8), rounds: int 
         raise ValueError(f"ks must be positive integers, got {ks!r}")
     if not isinstance(rounds, int) or rounds < 1 or not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"rounds and repeat must be positive integers, got rounds={rounds!r}, repeat={repeat!r}")
+    run = pass_timings(models, ids, ks, rounds, repeat)
+    return {name: {k: run[(name, k)].median for k in ks} for name in models}
+
+
+@torch.inference_mode()
+def pass_timings(models: dict, ids: list[int], ks=(1, 2, 3, 4, 6, 8), rounds: int = 5, repeat: int = 3):
+    """`pass_costs` with every sample kept: a `labkit.measure.Run` whose variants are (name, k), seconds per pass."""
+    ks = list(ks)
     states = {name: prefill(m, ids, max_len=len(ids) + max(ks) + 1) for name, m in models.items()}
-    seconds = {name: {k: [] for k in ks} for name in models}
-    for r in range(rounds + 1):  # round 0 warms up every shape
-        for name, m in models.items():
-            cache, base = states[name].cache, len(ids)
-            for k in ks:
-                x = torch.full((1, k), ids[-1], device=m.device)
-                start = time.perf_counter()
-                for _ in range(repeat):
-                    m.step(x, cache=cache)
-                    cache.truncate(base)
-                if r:
-                    seconds[name][k].append((time.perf_counter() - start) / repeat)
-    return {name: {k: statistics.median(v) for k, v in per_k.items()} for name, per_k in seconds.items()}
+    base = len(ids)
+
+    def one(name, k):
+        m, cache = models[name], states[name].cache
+        x = torch.full((1, k), ids[-1], device=m.device)
+        for _ in range(repeat):
+            m.step(x, cache=cache)
+            cache.truncate(base)
+
+    fns = {(name, k): (lambda name=name, k=k: one(name, k)) for name in models for k in ks}
+    return measure.run(fns, rounds=rounds, warmup=1, per=repeat, unit="pass", machine=False)
 
 
 @torch.inference_mode()
@@ -128,12 +141,6 @@ def layer_rates(layers: dict, x: torch.Tensor, rounds: int = 5, repeat: int = 20
     the median per layer of `repeat`-call means. For comparing one product's kernels side by side."""
     if not isinstance(rounds, int) or rounds < 1 or not isinstance(repeat, int) or repeat < 1:
         raise ValueError(f"rounds and repeat must be positive integers, got rounds={rounds!r}, repeat={repeat!r}")
-    times: dict[str, list[float]] = {name: [] for name in layers}
-    for r in range(rounds + 1):  # round 0 warms up
-        for name, layer in layers.items():
-            start = time.perf_counter()
-            for _ in range(repeat):
-                layer(x)
-            if r:
-                times[name].append((time.perf_counter() - start) / repeat)
-    return {name: 1e6 * statistics.median(t) for name, t in times.items()}
+    run = measure.run({name: (lambda layer=layer: [layer(x) for _ in range(repeat)]) for name, layer in layers.items()},
+                      rounds=rounds, warmup=1, per=repeat, machine=False)
+    return {name: 1e6 * t.median for name, t in run.items()}

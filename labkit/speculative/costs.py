@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-import time
 
 import torch
 
+from labkit import measure
 from labkit.speculative.decode import expected_tokens
 from labkit.speculative.mtp import MTPHead, head_step_s
 from labkit.speculative.verify import accept_sampled
 
-__all__ = ["target_pass_s", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
+__all__ = ["target_pass_s", "pass_timings", "verification_costs", "cheapest_verifier", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
            "conditional_acceptance", "acceptance_by_position", "decay_verdict", "first_token_counts",
            "measure_speedups"]
 
@@ -34,16 +34,61 @@ __all__ = ["target_pass_s", "relative_costs", "product_costs", "predicted_speedu
 @torch.inference_mode()
 def target_pass_s(model, k: int, position: int = 64, repeat: int = 5) -> float:
     """Median seconds of one forward over k new tokens on a cache already holding `position` tokens."""
-    if not isinstance(k, int) or k < 1:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
-    times = []
-    for _ in range(repeat + 1):
-        cache = model.new_cache(max_len=position + k + 1)
-        model(torch.zeros(1, position, dtype=torch.long), cache=cache)
-        start = time.perf_counter()
-        model(torch.ones(1, k, dtype=torch.long), cache=cache)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    return pass_timings(model, [k], position=position, rounds=repeat)[f"T({k})"].median
+
+
+@torch.inference_mode()
+def pass_timings(model, ks, position: int = 64, rounds: int = 10, warmup: int = 1):
+    """A `labkit.measure.Run` of one forward over k new tokens ("T(k)") for each k, on a cache holding `position`
+    tokens: the k's interleaved round by round, the prompt's prefill untimed before every pass."""
+    ks = list(ks)
+    if not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
+        raise ValueError(f"ks must be positive integers, got {ks!r}")
+    prompt, caches = torch.zeros(1, position, dtype=torch.long), {}
+
+    def setup(name):
+        k = int(name[2:-1])
+        caches[k] = model.new_cache(max_len=position + k + 1)
+        model(prompt, cache=caches[k])
+
+    fns = {f"T({k})": (lambda k=k: model(torch.ones(1, k, dtype=torch.long), cache=caches[k])) for k in ks}
+    return measure.run(fns, rounds=rounds, warmup=warmup, setup=setup, machine=False)
+
+
+def verification_costs(models: dict, ks=range(2, 10), position: int = 64, rounds: int = 10) -> dict:
+    """{name: {k: Comparison of T(k) against T(1)}} for each name -> model, every pass timed in one run per model.
+
+    A `Comparison`'s `ratio` is T(k)/T(1) (the median over rounds of the paired ratio) with its interval; its
+    verdict says whether the pass over k tokens is measurably dearer than one token ("slower"), the same within
+    3 % or undecided, so a noisy T(1) cannot pass for a cheap T(k)."""
+    ks = sorted(set(ks) - {1})
+    out = {}
+    for name, model in models.items():
+        pass_timings(model, [max(ks)], position=position, rounds=1, warmup=1)  # a fresh model's first passes run slow
+        run = pass_timings(model, [1] + ks, position=position, rounds=rounds)
+        out[name] = {k: measure.compare(run[f"T({k})"], run["T(1)"]) for k in ks}
+    return out
+
+
+def cheapest_verifier(costs: dict, k: int, margin: float = 0.05):
+    """Which of `verification_costs`' models has the lowest T(k)/T(1), and whether the data can tell.
+
+    Returns (name, `Comparison` of its per-round ratios against the runner-up's, unpaired): "faster" means its
+    relative cost is measurably lower; otherwise the ranking is not decided by these runs."""
+    if len(costs) < 2:
+        raise ValueError(f"costs must hold at least two models, got {len(costs)}")
+    if any(k not in row for row in costs.values()):
+        raise ValueError(f"k must be one of the measured k's, got {k!r}")
+    ranked = sorted(costs, key=lambda name: costs[name][k].ratio)
+    a, b = (costs[n][k] for n in ranked[:2])
+
+    def ratios(name, c):
+        return measure.Timing(f"{name} T({k})/T(1)", tuple(x / y for x, y in zip(c.a.samples, c.b.samples)), 0,
+                              "ratio")
+
+    return ranked[0], measure.compare(ratios(ranked[0], a), ratios(ranked[1], b), margin=margin)
 
 
 def relative_costs(target, draft=None, layers: int | None = None, ks=range(2, 10), repeat: int = 5) -> tuple[float, dict]:
@@ -53,13 +98,11 @@ def relative_costs(target, draft=None, layers: int | None = None, ks=range(2, 10
     target's own layers a layer-skip draft runs (c = layers / n_layers); neither: c = 0
     (n-gram lookup costs next to nothing).
     """
-    target_pass_s(target, max(ks), repeat=1)  # warm up: a freshly loaded model's first passes run slow
-    ones, tk = [target_pass_s(target, 1, repeat=repeat)], {}
-    for k in ks:  # T(1) again after every T(k): one slow sample of it cannot skew every ratio
-        tk[k] = target_pass_s(target, k, repeat=repeat)
-        ones.append(target_pass_s(target, 1, repeat=repeat))
-    t1 = statistics.median(ones)
-    t_rel = {k: t / t1 for k, t in tk.items()}
+    ks = sorted(set(ks) - {1})
+    pass_timings(target, [max(ks)], rounds=1, warmup=1)  # warm up: a freshly loaded model's first passes run slow
+    run = pass_timings(target, [1] + ks, rounds=repeat)  # every k interleaved with T(1), round by round
+    t1 = run["T(1)"].median
+    t_rel = {k: measure.compare(run[f"T({k})"], run["T(1)"]).ratio for k in ks}
     if isinstance(draft, MTPHead):  # a head on the target's own hidden states: one chained head step
         c = head_step_s(target, draft, repeat=repeat) / t1
     elif draft is not None:
@@ -79,15 +122,8 @@ def product_costs(layer, ks=range(1, 10), repeat: int = 20) -> dict:
     at the same k as this one, the product's kernel is where the jump comes from."""
     ks = sorted(set(ks) | {1})
     x = torch.randn(max(ks), layer.in_features).to(getattr(layer, "act_dtype", None) or layer.weight.dtype)
-    times = {}
-    for k in ks * 2:  # the first sweep warms up, the second is kept
-        samples = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            layer(x[:k])
-            samples.append(time.perf_counter() - start)
-        times[k] = statistics.median(samples)
-    return {k: times[k] / times[1] for k in ks}
+    run = measure.run({k: (lambda k=k: layer(x[:k])) for k in ks}, rounds=repeat, warmup=2, machine=False)
+    return {k: measure.compare(run[k], run[1]).ratio for k in ks}
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict | None = None, overhead: float = 0.0) -> float:
@@ -212,9 +248,9 @@ def measure_speedups(target, make_drafter, tok, prompt, gammas, n: int = 48, rou
 
     plain_s, spec_s, outs = [], {g: [] for g in gammas}, {}
     for _ in range(rounds):
-        start = time.perf_counter()
-        plain = plain_generate(target, tok, prompt, max_new_tokens=n, chat=chat)
-        plain_s.append(time.perf_counter() - start)
+        with measure.timer() as t:
+            plain = plain_generate(target, tok, prompt, max_new_tokens=n, chat=chat)
+        plain_s.append(t.seconds)
         for g in gammas:
             out = generate(target, make_drafter(), tok, prompt, gamma=g, max_new_tokens=n, chat=chat)
             spec_s[g].append(out.wall_s)
