@@ -100,6 +100,7 @@ def test_rounds_grow_only_while_undecided_and_only_to_the_cap():
     assert clear.verdict == "faster" and clear.rounds == 10 and clear.looks == 1
     noisy = synthetic_compare(1.0, 0.5, 1, rounds=8, max_rounds=30, margin=0.01)
     assert noisy.verdict == "inconclusive" and noisy.rounds == 30 and noisy.looks == 3  # 8, 16, 30
+    assert noisy.confidence == pytest.approx(1 - 0.05 / 3)  # alpha split over the three planned looks
     assert len(noisy.a.samples) == len(noisy.b.samples) == 30
 
 
@@ -121,7 +122,14 @@ def test_compare_timings_paired_and_unpaired():
     r2 = measure.run({"slow": clock.variant(2e-3, 0.05, rng)}, rounds=12, clock=clock, machine=False)
     u = measure.compare(r["fast"], r2["slow"])
     assert u.method.startswith("unpaired") and u.verdict == "faster" and u.ratio == pytest.approx(0.5, rel=0.1)
-    assert "faster than slow" in str(c) and "1 rounds" not in str(c)
+    assert str(c).startswith("fast is faster than slow: ")
+    with pytest.raises(ValueError, match="same unit"):
+        measure.compare(r["fast"].scaled(0.5, "token"), r["slow"])
+    few = measure.compare(measure.Timing("x", (1.0, 2.0), 7), measure.Timing("y", (1.5, 1.1), 7))
+    assert few.verdict == "inconclusive" and "too few rounds" in str(few)
+    assert measure.claim("x", few, low=1.0).why == "too few rounds for an interval"
+    with pytest.raises(ValueError, match="finite positive"):
+        measure.Timing("x", (1.0, float("nan")))
 
 
 def test_compare_refuses_bad_input():
@@ -145,6 +153,7 @@ def test_an_inconclusive_comparison_prints_no_verdict_word():
 
 def test_decide_rule():
     assert measure.decide(0.99, 1.01, 0.03) == "same within margin"
+    assert measure.decide(0.98, 0.99, 0.03) == "same within margin"  # inside the band comes before "faster"
     assert measure.decide(0.90, 0.99, 0.03) == "faster"
     assert measure.decide(1.01, 1.20, 0.03) == "slower"
     assert measure.decide(0.90, 1.10, 0.03) == "inconclusive"
@@ -172,6 +181,12 @@ def test_split_checks_parts_against_the_step():
     assert sum(s.shares().values()) == pytest.approx(1.0)
     assert sum(s.scaled_ms().values()) == pytest.approx(8.0)
     assert "+25%" in s.table() and "cannot see: AOTI shim calls" in s.table()
+    assert s.larger("products", "other") is None  # 1 ms apart, the profiler added 2 ms: not told apart
+    assert s.larger("products", "not attributed") is None
+    t = measure.split({"products": 6.0, "other": 1.0}, profiled_ms=8.0, plain_ms=7.5)
+    assert t.larger("products", "other") == "products" and t.larger("other", "not attributed") is None
+    with pytest.raises(ValueError, match="parts of this split"):
+        t.larger("products", "nope")
     with pytest.raises(ValueError, match="overlap"):
         measure.split({"a": 6.0, "b": 6.0}, profiled_ms=10.0, plain_ms=8.0)
 
@@ -196,8 +211,38 @@ def test_order_statistic_intervals_against_exact_binomial():
     # n = 20 at 95 %: the classic k = 6 (P(Bin(20, .5) <= 5) = 0.0207)
     assert sign_test_rank(20, 0.95) == 6
     # Mann-Whitney, n = m = 10 at 95 %: the critical U of tables is 23 -> the 24th smallest difference
-    xs, ys = list(range(10)), [y + 0.5 for y in range(10)]
+    rng = random.Random(5)
+    xs, ys = [rng.random() for _ in range(10)], [rng.random() for _ in range(10)]  # continuous: no ties
     est, lo, hi = shift_interval(xs, ys, 0.95)
     diffs = sorted(x - y for x in xs for y in ys)
-    assert (lo, hi) == (diffs[23], diffs[100 - 24]) and est == pytest.approx(-0.5)
+    assert (lo, hi) == (diffs[23], diffs[100 - 24])
+    assert (diffs[22], diffs[100 - 23]) != (lo, hi)
+    # the normal approximation (n*m > 2,500) and the exact count agree on the rank at 50 x 50
+    from labkit.measure import stats
+    xs, ys = [rng.random() for _ in range(50)], [rng.random() for _ in range(51)]
+    _, lo_n, hi_n = shift_interval(xs, ys, 0.95)
+    counts, total = stats._mann_whitney_counts(50, 51), math.comb(101, 50)
+    k, cum = 0, 0
+    for u, cnt in enumerate(counts):
+        cum += cnt
+        if cum / total > 0.025:
+            break
+        k = u + 1
+    d2 = sorted(x - y for x in xs for y in ys)
+    assert abs(d2.index(lo_n) + 1 - k) <= 1
     assert summary([1, 2, 3, 4])["iqr"] == pytest.approx(1.5)
+
+
+def test_no_chapter_reads_the_clock_itself():
+    """Every timing in a chapter goes through labkit.measure (its spread, its verdict rule), never a bare clock."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    found = []
+    for nb in sorted(root.glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
+            src = "".join(cell["source"])
+            if cell["cell_type"] == "code" and any(w in src for w in ("perf_counter", "time.time(", "time.monotonic")):
+                found.append(f"{nb.name} cell {i}")
+    assert found == [], f"time these with labkit.measure: {found}"

@@ -88,8 +88,10 @@ def claim(name: str, value, *, low: float | None = None, high: float | None = No
         if not (isinstance(interval, (tuple, list)) and len(interval) == 2):
             raise ValueError(f"interval must be a (low, high) pair, got {interval!r}")
         i_lo, i_hi = float(interval[0]), float(interval[1])
-        if i_lo > i_hi:
+        if math.isnan(i_lo) or math.isnan(i_hi) or i_lo > i_hi:
             raise ValueError(f"interval must be (low, high) with low <= high, got {interval!r}")
+        if not i_lo <= value <= i_hi:
+            raise ValueError(f"value must lie in its interval, got {value} outside {interval!r}")
         interval = (i_lo, i_hi)
         if lo_b <= i_lo and i_hi <= hi_b:
             verdict = "holds"
@@ -97,5 +99,6 @@ def claim(name: str, value, *, low: float | None = None, high: float | None = No
             verdict = "fails"
         else:
             verdict = "inconclusive"
-            why = why or "the measured interval straddles the band's edge"
+            why = why or ("too few rounds for an interval" if math.isinf(i_hi - i_lo) or i_lo <= 0 and i_hi == math.inf
+                          else "the measured interval straddles the band's edge")
     return Claim(name, value, low, high, interval, verdict, source, why)

@@ -79,11 +79,14 @@ class Comparison:
 
     def __str__(self) -> str:
         lo, hi = self.speedup_interval
-        where = (f"{self.speedup:.2f}× the speed of {self.b.name} ({self.confidence:.1%} interval {lo:.2f}–{hi:.2f}×, "
-                 f"{self.rounds} rounds)")
+        interval = (f"{self.confidence:.1%} interval {lo:.2f}–{hi:.2f}×" if math.isfinite(hi) and lo > 0 else
+                    f"no {self.confidence:.1%} interval: too few rounds")
+        where = f"{self.speedup:.2f}× the speed of {self.b.name} ({interval}, {self.rounds} rounds)"
+        if self.verdict == "inconclusive" and not (math.isfinite(hi) and lo > 0):
+            return f"{self.a.name} vs {self.b.name}: inconclusive: {where}"
         if self.verdict == "inconclusive":
             return (f"{self.a.name} vs {self.b.name}: inconclusive: {where}; the interval holds 1 and is wider than "
-                    f"±{self.margin:.0%}, after {self.rounds} rounds")
+                    f"±{self.margin:.0%}")
         if self.verdict == "same within margin":
             return f"{self.a.name} vs {self.b.name}: the same within ±{self.margin:.0%}: {where}"
         return f"{self.a.name} is {self.verdict} than {self.b.name}: {where}"
@@ -137,6 +140,8 @@ def compare(a: Variant, b: Variant, margin: float = 0.03, *, rounds: int = 10, m
     if isinstance(a, Timing) or isinstance(b, Timing):
         if not (isinstance(a, Timing) and isinstance(b, Timing)):
             raise ValueError("a and b must both be callables or both be Timings of run(), got one of each")
+        if a.per != b.per:
+            raise ValueError(f"a and b must be timed in the same unit, got per {a.per!r} and per {b.per!r}")
         lo_hi = _interval(a, b, 1 - alpha)
         return Comparison(a, b, lo_hi[0], lo_hi[1], lo_hi[2], decide(lo_hi[1], lo_hi[2], margin), margin, 1 - alpha,
                           min(a.rounds, b.rounds), 1, lo_hi[3])

@@ -14,6 +14,7 @@ before and after, and the CPU record (`labkit.measure.cpu.cpu_info`) that stored
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -38,6 +39,9 @@ class Timing:
     def __post_init__(self):
         if not self.samples:
             raise ValueError(f"Timing {self.name!r} needs at least one sample")
+        bad = [x for x in self.samples if not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0)]
+        if bad:
+            raise ValueError(f"Timing {self.name!r}: samples must be finite positive seconds, got {bad[:3]!r}")
 
     @property
     def stats(self) -> dict:

@@ -50,13 +50,23 @@ class Split:
         return {"parts_ms": dict(self.parts), "profiled_ms": self.profiled_ms, "plain_ms": self.plain_ms,
                 "overhead": self.overhead, "unattributed_ms": self.unattributed_ms, "unseen": list(self.unseen)}
 
+    def larger(self, a: str, b: str) -> str | None:
+        """The larger of parts `a` and `b` ("not attributed" allowed), or None when they differ by less than the
+        time the profiler added (|profiled - plain|): a profile cannot rank parts closer than its own cost."""
+        ms = {**self.parts, "not attributed": self.unattributed_ms}
+        if a not in ms or b not in ms:
+            raise ValueError(f"a and b must be parts of this split ({sorted(ms)}), got {a!r} and {b!r}")
+        if abs(ms[a] - ms[b]) <= abs(self.profiled_ms - self.plain_ms):
+            return None
+        return a if ms[a] > ms[b] else b
+
     def table(self) -> str:
         lines = [f"{'part':34s} {'ms (profiled)':>13s} {'share':>7s}"]
         for k, share in self.shares().items():
             ms = self.parts.get(k, self.unattributed_ms)
             lines.append(f"{k:34s} {ms:13.2f} {share:7.1%}")
-        lines.append(f"the profiled step took {self.profiled_ms:.2f} ms, the plain one {self.plain_ms:.2f} ms: "
-                     f"the profiler added {self.overhead:+.0%}")
+        lines.append(f"the profiled step took {self.profiled_ms:.2f} ms, the same step without the profiler "
+                     f"{self.plain_ms:.2f} ms: the profiler added {self.overhead:+.0%}")
         if self.unseen:
             lines.append("this profile cannot see: " + "; ".join(self.unseen))
         return "\n".join(lines)
@@ -79,6 +89,8 @@ def split(parts: dict[str, float], profiled_ms: float, plain_ms: float, unseen=(
     for k, v in parts.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise ValueError(f"parts[{k!r}] must be a non-negative number of ms, got {v!r}")
+    if isinstance(unseen, str):
+        unseen = (unseen,)
     total = sum(parts.values())
     if total > profiled_ms * (1 + tolerance):
         raise ValueError(f"the parts add up to {total:.3f} ms, more than the profiled step's {profiled_ms:.3f} ms: "

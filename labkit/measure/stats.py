@@ -62,6 +62,8 @@ def median_interval(xs, confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free interval for the median of `xs` at `confidence` (the sign-test one)."""
     _check_confidence(confidence)
     s = sorted(xs)
+    if not s:
+        raise ValueError("xs must hold at least one value, got none")
     k = sign_test_rank(len(s), confidence)
     if k == 0:
         return (-math.inf, math.inf)
@@ -93,7 +95,7 @@ def shift_interval(xs, ys, confidence: float = 0.95) -> tuple[float, float, floa
         raise ValueError(f"both samples must hold values, got {n} and {m}")
     diffs = sorted(x - y for x in xs for y in ys)
     estimate = statistics.median(diffs)
-    if n * m > 40_000:  # the normal approximation of U, with a continuity correction
+    if n * m > 2_500:  # the normal approximation of U, with a continuity correction
         z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
         k = int(math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12) - 0.5)) + 1
     else:

@@ -47,15 +47,17 @@ class Engine:
     passes: with drafts or without, under any load.
     `pass_time(rows) -> seconds` (rows [(request, tokens)]): the clock advances by it instead of each pass's wall
     time, and the budget sees it as the pass's cost (a measured table, `passcost.step_time`, or a GPU's modelled
-    pass); None: the wall time. The clock always covers the step's whole work: with `pass_time`, the host's
-    measured drafting, scheduling, verification, sampling and emitting are added to the pass's cost unless
-    `host_time=False` (a modelled machine whose host work is not this one's; say so beside its figures).
+    pass); None: the wall time. Without `pass_time` the clock covers the step's whole work (drafting, scheduling,
+    the pass, verification and sampling, emitting). With it, the clock advances by the modelled pass only, a
+    deterministic replay that leaves the host's work out, unless `host_time=True` adds this machine's measured
+    drafting, scheduling, verification, sampling and emitting to each pass's cost. Either way every `Step`
+    records the measured parts (`Step.parts`), so what a replay leaves out can be printed beside it.
     """
 
     def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
                  block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0,
                  prefix_cache: bool = True, drafter=None, spec_budget="auto", batch_invariant: bool = False,
-                 pass_time=None, host_time: bool = True):
+                 pass_time=None, host_time: bool = False):
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -156,7 +158,7 @@ class Engine:
 
     def _end(self, now: float, clock, sw: Stopwatch, pass_s: float) -> float:
         """When this step's tokens are out: `clock()`, or `now` + the work timed so far (the pass's cost in
-        place of its wall time when `pass_time` models it; the host's other work unless `host_time=False`).
+        place of its wall time when `pass_time` models it; the host's other work only when `host_time`).
         Inside the step the parts so far count; after it, the whole (the gaps between parts included)."""
         if clock is not None:
             return clock()

@@ -151,14 +151,14 @@ def trace(recorded: dict, rate: float, copies: int = 1, seed: int = 0) -> list[R
 
 def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off", copies: int = 1,
            policy: str = "chunked", max_batch: int = 16, token_budget: int = 128, seed: int = 0, model=None,
-           batch_invariant: bool = True, head: float | None = None, host_time: bool = True) -> dict:
+           batch_invariant: bool = True, head: float | None = None, host_time: bool = False) -> dict:
     """One replay: the summary (`trace.summarize`, plus drafted and accepted tokens and per-kind TPOT) and the
     requests served ("served"). `model`: serve with this model instead of the recording, to check the recording
     against it (`batch_invariant` as the recording was made, or False to time the default mode's passes);
     `pass_time` None: the wall time of each pass. `head`: draft with a `ModelledHead` of that acceptance instead of
     prompt lookup. `host_time`: the clock adds this machine's measured drafting, scheduling, verification
-    and sampling to each pass's cost (`Engine`'s); False times the passes alone, which only checks that the replay
-    makes the engine's passes (equal times by construction, not a timing)."""
+    and sampling to each pass's cost (`Engine`'s); False (the default) prices the passes alone: deterministic,
+    and an upper bound on what speculation gains, since drafting and verification are left out of it."""
     from labkit.speculative import PromptLookup
 
     reqs = trace(recorded, rate, copies, seed)

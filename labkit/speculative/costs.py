@@ -26,7 +26,7 @@ from labkit.speculative.decode import expected_tokens
 from labkit.speculative.mtp import MTPHead, head_step_s
 from labkit.speculative.verify import accept_sampled
 
-__all__ = ["target_pass_s", "pass_timings", "verification_costs", "cheapest_verifier", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
+__all__ = ["target_pass_s", "pass_timings", "step_timings", "verification_costs", "cheapest_verifier", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
            "conditional_acceptance", "acceptance_by_position", "decay_verdict", "first_token_counts",
            "measure_speedups"]
 
@@ -55,6 +55,21 @@ def pass_timings(model, ks, position: int = 64, rounds: int = 10, warmup: int = 
 
     fns = {f"T({k})": (lambda k=k: model(torch.ones(1, k, dtype=torch.long), cache=caches[k])) for k in ks}
     return measure.run(fns, rounds=rounds, warmup=warmup, setup=setup, machine=False)
+
+
+@torch.inference_mode()
+def step_timings(models: dict, position: int = 64, rounds: int = 8):
+    """A `labkit.measure.Run` of one forward over one new token per name -> model, the models interleaved round by
+    round, each pass after an untimed prefill of `position` tokens."""
+    prompt, caches = torch.zeros(1, position, dtype=torch.long), {}
+
+    def setup(name):
+        caches[name] = models[name].new_cache(max_len=position + 2)
+        models[name](prompt, cache=caches[name])
+
+    fns = {name: (lambda name=name: models[name](torch.ones(1, 1, dtype=torch.long), cache=caches[name]))
+           for name in models}
+    return measure.run(fns, rounds=rounds, warmup=1, setup=setup, machine=False)
 
 
 def verification_costs(models: dict, ks=range(2, 10), position: int = 64, rounds: int = 10) -> dict:
