@@ -158,6 +158,16 @@ def test_compare_at_budget_runs_every_kind_on_a_tiny_model_with_smollm2s_vocabul
             assert target - 0.02 < row["fraction"] <= target + 1e-9, row["name"]
         assert row["ppl"] > 1 and 0 <= row["passkey"] <= 1 and row["itl_s"] > 0
     assert {(r["name"], r["position"]) for r in out["itl"]} == {(n, p) for n in names for p in (100, 400)}
+    for row in out["rows"]:
+        assert row["feeding"] == ("one pass" if row["name"] == "snapkv" else "chunks of 64")
+        assert len(row["key_kept"]) == 1 and 0 <= row["key_kept"][0] <= 1
+        assert row["peak_tokens"] == (400 if row["name"] in ("full", "snapkv", "int8", "int4") else row["peak_tokens"])
+    swapped = compare_at_budget(model, tok, text, 0.25, trials=1, tail=64, chunk=64, protocols=True, itl_by=False)
+    rows = {r["name"]: r for r in swapped["rows"]}
+    assert rows["snapkv, chunks"]["feeding"] == "chunks of 64" and rows["h2o, one pass"]["feeding"] == "one pass"
+    assert rows["h2o, one pass"]["peak_tokens"] == 400 and rows["snapkv, chunks"]["peak_tokens"] < 400
+    assert rows["snapkv, chunks"]["options"]["every_pass"] is True and swapped["itl"] == []
+    assert all(r["itl_s"] is None for r in swapped["rows"])
 
 
 @torch.inference_mode()
@@ -194,3 +204,53 @@ def test_smollm2_retrieves_the_passkey_with_the_full_cache_at_1k():
     assert passkey_accuracy(model, tok, 1024, trials=3)["accuracy"] == 1.0
     task = passkey_prompt(tok, 1024, seed=0)
     assert not passkey_trial(model, tok, task, "sliding", {"window": 36, "sinks": 4}, chunk=16)["correct"]
+
+
+def test_feed_traces_the_peak_and_the_feeding_can_be_swapped():
+    model = tiny()
+    x = ids(200, seed=5)[0].tolist()
+    for kind, options, one_pass, peak, passes in [
+            ("h2o", {"budget": 40}, None, 40 + 24, 9), ("h2o", {"budget": 40}, True, 200, 1),
+            ("snapkv", {"budget": 40, "window": 8}, None, 200, 1),
+            ("snapkv", {"budget": 40, "window": 8, "every_pass": True}, None, 40 + 24, 9),
+            ("contiguous", {}, None, 200, 9), ("contiguous", {}, True, 200, 1)]:
+        cache = model.new_cache(kind, max_len=210, **options)
+        trace = {}
+        feed(model, x, cache, 24, one_pass, trace)
+        assert trace["peak_tokens"] == peak, (kind, options, one_pass)
+        assert sum(trace["passes"]) == 200 and len(trace["passes"]) == passes
+        held = getattr(cache, "n_cached", cache.seq_len)
+        assert held == (200 if kind == "contiguous" else 40)  # SnapKV voting every chunk stays at its budget too
+
+
+def test_snapkv_every_pass_keeps_the_window_and_the_voted_tokens_of_the_whole_text():
+    model = tiny()
+    cache = model.new_cache("snapkv", max_len=210, budget=40, window=8, every_pass=True)
+    feed(model, ids(200, seed=5)[0].tolist(), cache, 24)
+    kept = cache.kept_positions(0)
+    assert kept.shape[-1] == 40 and (kept[..., -8:] == torch.arange(192, 200)).all()  # the last chunk's window
+    with pytest.raises(ValueError, match="every_pass"):
+        model.new_cache("snapkv", max_len=10, budget=8, window=2, every_pass="yes")
+
+
+def test_key_kept_reads_what_each_head_holds(tok):
+    from labkit.generation.passkey import key_kept, passkey_prompt
+
+    task = passkey_prompt(tok, 1024, seed=1)
+    model = tiny(vocab_size=tok.vocab_size, max_seq_len=1100)
+    full = model.new_cache("contiguous", max_len=1100)
+    assert key_kept(full, task) == 1.0
+    i = task["key_index"]
+    # a window that ends before the key never holds it; one over the whole prompt always does
+    short = model.new_cache("sliding", max_len=1100, window=64, sinks=4)
+    feed(model, task["ids"][:i + 5 + 100], short, 50)
+    assert key_kept(short, task) == 0.0
+    wide = model.new_cache("sliding", max_len=1100, window=1100, sinks=4)
+    feed(model, task["ids"], wide, 256)
+    assert key_kept(wide, task) == 1.0
+    h2o = model.new_cache("h2o", max_len=1100, budget=64)
+    feed(model, task["ids"], h2o, 256)
+    share = key_kept(h2o, task)
+    by_hand = [all(d in set(h2o.kept_positions(layer)[0, h].tolist()) for d in range(i, i + 5))
+               for layer in range(model.config.n_layers) for h in range(model.config.n_kv_heads)]
+    assert share == pytest.approx(sum(by_hand) / len(by_hand))

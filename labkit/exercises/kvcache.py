@@ -7,7 +7,7 @@ import torch
 from labkit.exercises._core import check
 
 __all__ = ["check_kv_bytes_per_token", "check_slot_mapping", "check_streaming_keep", "check_asym_quantize",
-           "check_csa_layer_values"]
+           "check_csa_layer_values", "check_csa_quarter"]
 
 
 def check_kv_bytes_per_token(fn) -> bool:
@@ -93,3 +93,25 @@ def check_csa_layer_values(fn) -> bool:
     return check("csa_layer_values", fn, _csa_values, cases,
                  hint="three parts: min(n, window - 1) tokens of keys AND values; n // block entries, each an entry plus "
                       "an index key; n % block pending rows, each a candidate, its logits and an index key")
+
+
+def _csa_quarter(block, window, kv_dim, index_dim, dense_per_token, horizon):
+    values = [_csa_values(n, block, window, kv_dim, index_dim) for n in range(1, horizon + 1)]
+    over = [n for n, v in zip(range(1, horizon + 1), values) if v > 0.25 * dense_per_token * n]
+    shortest = (max(over) + 1) if over else 1
+    return shortest, (kv_dim + index_dim) / (block * dense_per_token)
+
+
+def check_csa_quarter(fn) -> bool:
+    """Check `fn(block, window, kv_dim, index_dim, dense_per_token, horizon) -> (n, limit)`.
+
+    `n`: the shortest context from which every longer one, up to `horizon` tokens, has a compressed layer
+    holding at most a quarter of the dense layer's `dense_per_token` values a token (the share is not
+    monotone: the pending rows of an unfinished block come and go, so the first context under a quarter
+    is not the answer). `limit`: the share the compressed layer tends to as the context grows (only the
+    block entries and their index keys grow with it).
+    """
+    cases = [(4, 64, 128, 32, 256, 2048), (8, 16, 64, 16, 128, 1024), (4, 8, 32, 8, 64, 512), (2, 32, 64, 64, 128, 600)]
+    return check("csa_quarter", fn, _csa_quarter, cases,
+                 hint="compute the share at EVERY length up to the horizon and take one past the last length above a "
+                      "quarter; the limit counts only an entry and an index key per block of tokens")

@@ -25,7 +25,7 @@ from labkit.generation.passkey import passkey_accuracy
 from labkit.kvcache.longcontext import feed, long_perplexity
 from labkit.kvcache.sizing import equal_bytes_options, full_bytes
 
-__all__ = ["budget_specs", "itl_by_position", "compare_at_budget"]
+__all__ = ["budget_specs", "itl_by_position", "compare_at_budget", "PROTOCOLS"]
 
 
 def budget_specs(model, length: int, fraction: float, appended: int = 0) -> list[dict]:
@@ -63,9 +63,15 @@ def itl_by_position(model, specs, positions, steps: int = 5, chunk: int = 512) -
     return [{"name": name, "position": p, "itl_s": t} for (name, p, *_), t in zip(runs, time_steps(model, runs, steps))]
 
 
+PROTOCOLS = {  # the feeding each budgeted kind gets by default, and the variant that swaps it
+    "snapkv, chunks": ("snapkv", {"every_pass": True}, False),
+    "h2o, one pass": ("h2o", {}, True),
+}
+
+
 def compare_at_budget(model, tok, text_ids, fraction: float, *, trials: int = 3, tail: int = 256, chunk: int = 256,
                       itl_positions=None, itl_steps: int = 5, seed: int = 0, filler: str = "repeat",
-                      known: dict | None = None, log=None) -> dict:
+                      known: dict | None = None, log=None, protocols: bool = False, itl_by: bool = True) -> dict:
     """Every kind at `fraction` of the full cache's bytes at L = len(text_ids) tokens.
 
     Returns {length, fraction, full_bytes, rows, baseline_passkey, itl}. A row: {name, kind,
@@ -73,7 +79,13 @@ def compare_at_budget(model, tok, text_ids, fraction: float, *, trials: int = 3,
     over L), ppl, ppl_tail, passkey (accuracy over `trials` prompts of L tokens), itl_s (at the
     last of `itl_positions`, default [L])}. `known`: rows of an earlier call on the same text, by name;
     the kinds a budget does not change (full, int8, int4) reuse their perplexity and passkey from it.
-    `log`: called with a line of progress, if given.
+    `log`: called with a line of progress, if given. Every row also says how its prompt was fed ("feeding":
+    "one pass" or "chunks of N"), the most tokens per layer and KV head a prompt pass attended over
+    ("peak_tokens", the memory's peak, which equal *held* bytes do not equalise) and, per passkey trial, the
+    share of (layer, KV head) pairs that still held every token of the key after the prompt ("key_kept").
+    `protocols`: add the two swapped feedings (`PROTOCOLS`): SnapKV voting after every chunk as H2O is fed
+    (its peak is then H2O's), and H2O reading the prompt in one pass as SnapKV does (its peak is then the whole
+    prompt), so the selection rule and the feeding can be told apart. `itl_by=False`: no decode-time rows.
     """
     text_ids = list(text_ids)
     L = len(text_ids)
@@ -81,21 +93,30 @@ def compare_at_budget(model, tok, text_ids, fraction: float, *, trials: int = 3,
     ppl_specs = {s["name"]: s for s in budget_specs(model, L, fraction, appended=tail)}
     specs = budget_specs(model, L, fraction)  # SnapKV: the whole prompt of L tokens compressed
     positions = list(itl_positions or [L])
-    itl = itl_by_position(model, specs, positions, itl_steps)
+    itl = itl_by_position(model, specs, positions, itl_steps) if itl_by else []
     last = {r["name"]: r["itl_s"] for r in itl if r["position"] == positions[-1]}
+    if protocols:
+        options = {sp["kind"]: sp["options"] for sp in specs}
+        for name, (kind, extra, one) in PROTOCOLS.items():
+            specs.append({"name": name, "kind": kind, "options": {**options[kind], **extra}, "one_pass": one,
+                          "fraction": None, "settable": True})
+            ppl_specs[name] = {"options": {**options[kind], **extra}}  # no tail appended: it holds its budget
     rows = []
     for spec in specs:
         old = (known or {}).get(spec["name"])
         if old is not None and spec["kind"] in ("contiguous", "quantized") and old["options"] == spec["options"]:
-            rows.append({**old, "itl_s": last[spec["name"]]})
+            rows.append({**old, "itl_s": last.get(spec["name"])})
             continue
-        ppl = long_perplexity(model, text_ids, spec["kind"], ppl_specs[spec["name"]]["options"], chunk, tail)
-        key = passkey_accuracy(model, tok, L, trials, spec["kind"], spec["options"], seed, filler, chunk)
+        one = spec.get("one_pass")
+        ppl = long_perplexity(model, text_ids, spec["kind"], ppl_specs[spec["name"]]["options"], chunk, tail, one)
+        key = passkey_accuracy(model, tok, L, trials, spec["kind"], spec["options"], seed, filler, chunk, one)
+        fed = "one pass" if (one if one is not None else spec["kind"] == "snapkv") else f"chunks of {chunk}"
         rows.append({"name": spec["name"], "kind": spec["kind"], "options": spec["options"],
                      "fraction": ppl["bytes"] / full_bytes(model.config, L, model.dtype),
                      "bytes_per_token": ppl["bytes"] / L, "settable": spec["settable"], "ppl": ppl["ppl"],
                      "ppl_tail": ppl["ppl_tail"], "passkey": key["accuracy"], "passkey_replies": key["replies"],
-                     "itl_s": last[spec["name"]]})
+                     "key_kept": key["key_kept"], "peak_tokens": key["peak_tokens"], "feeding": fed,
+                     "itl_s": last.get(spec["name"])})
         say(f"{spec['name']}: ppl {ppl['ppl']:.2f}, passkey {key['correct']}/{trials}")
     return {"length": L, "fraction": fraction, "full_bytes": full_bytes(model.config, L, model.dtype), "rows": rows,
             "baseline_passkey": rows[0]["passkey"], "itl": itl, "trials": trials, "tail": tail}

@@ -34,7 +34,7 @@ from labkit.data import data_path
 from labkit.generation.reply import encode_prompt
 from labkit.kvcache.longcontext import feed
 
-__all__ = ["FILLERS", "NEEDLE", "passkey_prompt", "score_answer", "passkey_trial", "passkey_accuracy"]
+__all__ = ["FILLERS", "NEEDLE", "passkey_prompt", "score_answer", "key_kept", "passkey_trial", "passkey_accuracy"]
 
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
          "Find it and memorize it. I will quiz you about it.\n\n")
@@ -102,13 +102,35 @@ def score_answer(reply: str, key: str) -> bool:
     return found is not None and found.group() == str(key)
 
 
+def key_kept(cache, task: dict, per_digit: bool = False):
+    """Share of (layer, KV head) pairs whose cache still holds every token of the key (`task["key_index"]` on,
+    one token per digit), read after the prompt: 1.0 for a kind that keeps every token. `per_digit`: a list,
+    the share of pairs holding each digit's token."""
+    digits = list(range(task["key_index"], task["key_index"] + len(task["key"])))
+    if not hasattr(cache, "kept_positions"):
+        return [1.0] * len(digits) if per_digit else 1.0  # contiguous, paged, quantized: nothing is evicted
+    if cache.kind == "sliding":
+        kept = set(cache.kept_positions().tolist())
+        hits = torch.tensor([[d in kept for d in digits]])  # [1, digits]: one set for every layer and head
+    else:
+        want = torch.tensor(digits)
+        held = [cache.kept_positions(layer) for layer in range(cache.config.n_layers)]  # [B, Hkv, n] each
+        hits = torch.cat([(h[..., None] == want).any(-2).reshape(-1, len(digits)) for h in held])  # [pairs, digits]
+    if per_digit:
+        return [float(x) for x in hits.float().mean(0)]
+    return float(hits.all(-1).float().mean())
+
+
 @torch.inference_mode()
 def passkey_trial(model, tok, task: dict, cache="contiguous", options: dict | None = None, chunk: int = 256,
-                  max_new_tokens: int = 16) -> dict:
+                  max_new_tokens: int = 16, one_pass: bool | None = None) -> dict:
     """Feed the prompt through a new `cache` kind (`labkit.kvcache.longcontext.feed`: chunks of `chunk`
-    tokens, evicting between them; SnapKV's prompt in one pass), decode greedily, score the reply.
+    tokens, evicting between them; SnapKV's prompt in one pass; `one_pass` True or False for any kind),
+    decode greedily, score the reply.
 
-    Returns {reply, correct, bytes (the cache's `bytes_allocated()` after the prompt)}.
+    Returns {reply, correct, bytes (the cache's `bytes_allocated()` after the prompt), key_kept (`key_kept`),
+    key_kept_by_digit (the same per digit),
+    peak_tokens (the most tokens per layer and KV head a prompt pass attended over)}.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -119,8 +141,9 @@ def passkey_trial(model, tok, task: dict, cache="contiguous", options: dict | No
     options = dict(options or {})
     options.setdefault("max_len", len(task["ids"]) + max_new_tokens)
     kv = model.new_cache(cache, **options)
-    logits = feed(model, task["ids"], kv, chunk)
-    held = kv.bytes_allocated()
+    trace = {}
+    logits = feed(model, task["ids"], kv, chunk, one_pass, trace)
+    held, kept, digits = kv.bytes_allocated(), key_kept(kv, task), key_kept(kv, task, per_digit=True)
     out = []
     for i in range(max_new_tokens):
         token = int(logits.argmax())
@@ -130,18 +153,20 @@ def passkey_trial(model, tok, task: dict, cache="contiguous", options: dict | No
         if i + 1 < max_new_tokens:
             logits = model.step(torch.tensor([[token]]), cache=kv, last_only=True)[0, -1]
     reply = tok.decode(out)
-    return {"reply": reply, "correct": score_answer(reply, task["key"]), "bytes": held}
+    return {"reply": reply, "correct": score_answer(reply, task["key"]), "bytes": held, "key_kept": kept,
+            "key_kept_by_digit": digits, "peak_tokens": trace["peak_tokens"]}
 
 
 def passkey_accuracy(model, tok, length: int, trials: int = 5, cache="contiguous", options: dict | None = None,
-                     seed: int = 0, filler: str = "repeat", chunk: int = 256) -> dict:
+                     seed: int = 0, filler: str = "repeat", chunk: int = 256, one_pass: bool | None = None) -> dict:
     """Share of `trials` seeded passkey prompts (seeds seed .. seed + trials − 1) answered right.
 
-    Returns {accuracy, trials, correct, replies}.
+    Returns {accuracy, trials, correct, replies, key_kept (per trial), peak_tokens (the largest over trials)}.
     """
     if not isinstance(trials, int) or trials < 1:
         raise ValueError(f"trials must be a positive integer, got {trials!r}")
-    results = [passkey_trial(model, tok, passkey_prompt(tok, length, seed + i, filler=filler), cache, options, chunk)
-               for i in range(trials)]
+    results = [passkey_trial(model, tok, passkey_prompt(tok, length, seed + i, filler=filler), cache, options, chunk,
+                             one_pass=one_pass) for i in range(trials)]
     correct = sum(r["correct"] for r in results)
-    return {"accuracy": correct / trials, "trials": trials, "correct": correct, "replies": [r["reply"] for r in results]}
+    return {"accuracy": correct / trials, "trials": trials, "correct": correct, "replies": [r["reply"] for r in results],
+            "key_kept": [r["key_kept"] for r in results], "peak_tokens": max(r["peak_tokens"] for r in results)}

@@ -33,7 +33,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ONE_PASS_PROMPT", "feed", "stream_nll", "long_perplexity"]
+__all__ = ["ONE_PASS_PROMPT", "votes_once", "feed", "stream_nll", "long_perplexity"]
 
 ONE_PASS_PROMPT = {"snapkv"}  # kinds that compress their prompt once, at the end of its one pass
 
@@ -51,16 +51,34 @@ def _passes(cache, n: int, chunk: int, one_pass: bool = False) -> list[int]:
     return [min(step, n - i) for i in range(0, n, step)]
 
 
+def votes_once(cache) -> bool:
+    """Whether `cache` compresses its prompt once, at the end of one pass (SnapKV, unless `every_pass`)."""
+    return cache.kind in ONE_PASS_PROMPT and not getattr(cache, "every_pass", False)
+
+
 @torch.inference_mode()
-def feed(model, ids, cache, chunk: int = 256) -> torch.Tensor:
-    """Run `ids` through `cache` (the module docstring's policy); return the last position's logits [V]."""
+def feed(model, ids, cache, chunk: int = 256, one_pass: bool | None = None, trace: dict | None = None) -> torch.Tensor:
+    """Run `ids` through `cache` (the module docstring's policy); return the last position's logits [V].
+
+    `one_pass`: True feeds every kind in one pass, False in chunks of `chunk`; None: the policy (one pass for
+    a kind that votes once on its prompt). `trace`, when given, receives "passes" (their sizes) and
+    "peak_tokens": the most tokens per layer and KV head any pass attended over (held + the pass's own), what
+    the cache's memory peaks at while the prompt goes in.
+    """
     _check_chunk(chunk)
     x = torch.as_tensor(list(ids)).reshape(1, -1)
-    start, logits = 0, None
-    one_pass = cache.kind in ONE_PASS_PROMPT and cache.seq_len == 0  # a prompt SnapKV compresses
-    for n in _passes(cache, x.shape[1], chunk, one_pass):
+    start, logits, peak = 0, None, 0
+    if one_pass is None:
+        one_pass = votes_once(cache) and cache.seq_len == 0  # a prompt SnapKV compresses
+    sizes = _passes(cache, x.shape[1], chunk, one_pass)
+    cap = getattr(cache, "window", None) if cache.kind == "sliding" else None  # it makes room before a chunk
+    for n in sizes:
+        held = int(getattr(cache, "n_cached", cache.seq_len)) + n
+        peak = max(peak, held if cap is None else min(held, cap))
         logits = model(x[:, start:start + n], cache=cache, last_only=True)
         start += n
+    if trace is not None:
+        trace.update(passes=sizes, peak_tokens=peak)
     return logits[0, -1].float()
 
 
@@ -94,9 +112,12 @@ def stream_nll(model, ids, cache, chunk: int = 256, prompt: int = 0) -> torch.Te
     return torch.cat(out)
 
 
-def long_perplexity(model, ids, kind: str, options: dict | None = None, chunk: int = 256, tail: int = 256) -> dict:
+def long_perplexity(model, ids, kind: str, options: dict | None = None, chunk: int = 256, tail: int = 256,
+                    one_pass: bool | None = None) -> dict:
     """Perplexity of `ids` through a new `kind` cache built with `options` (module docstring's policy).
 
+    `one_pass`: True reads all but the tail in one pass (as SnapKV's prompt) for any kind, False feeds every
+    kind in chunks; None: the policy.
     Returns {kind, options, ppl (every token), ppl_tail (the last `tail`), bytes (`bytes_allocated()`
     at the end), bytes_per_token (bytes / len(ids)), held (tokens held per layer and KV head)}.
     """
@@ -106,7 +127,9 @@ def long_perplexity(model, ids, kind: str, options: dict | None = None, chunk: i
     options = dict(options or {})
     options.setdefault("max_len", len(ids))
     cache = model.new_cache(kind, **options)
-    prompt = len(ids) - tail if kind in ONE_PASS_PROMPT else 0
+    if one_pass is None:
+        one_pass = kind in ONE_PASS_PROMPT and not options.get("every_pass")
+    prompt = len(ids) - tail if one_pass else 0
     nll = stream_nll(model, ids, cache, chunk, prompt)
     held = getattr(cache, "n_cached", cache.seq_len)
     return {"kind": kind, "options": {k: v for k, v in options.items() if k != "max_len"},

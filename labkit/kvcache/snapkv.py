@@ -26,6 +26,10 @@ What is chosen here, said plainly:
   into an empty cache, so the prompt must come in one pass (`labkit.prefill` feeds it so:
   this kind does not split prompts). Later passes, a second chat turn included, are
   appended without a vote.
+- **`every_pass=True`** (not the paper's rule: a variant for comparing at equal *peak* bytes) votes at
+  the end of every pass of at least `window` tokens that leaves more than `budget` tokens, over all held
+  and new tokens, so a prompt fed in chunks, as H2O is fed, never holds more than budget + one chunk.
+  Passes shorter than the window (decode steps) are appended without a vote.
 - **Generation is not compressed.** As in the paper, generated tokens are appended after
   the selected prompt tokens and nothing is evicted again: `budget` bounds the prompt's
   part of the cache, which holds `min(prompt, budget) + generated` tokens per KV head.
@@ -63,8 +67,11 @@ class SnapKVCache(EvictingCache):
     kind = "snapkv"
 
     def __init__(self, config, *, budget: int | None = None, window: int = 32, kernel: int = 7, pooling: str = "max",
-                 **opts):
+                 every_pass: bool = False, **opts):
         super().__init__(config, budget=budget, **opts)
+        if not isinstance(every_pass, bool):
+            raise ValueError(f"every_pass must be True or False, got {every_pass!r}")
+        self.every_pass = every_pass
         check_count("window", window, 1, budget - 1, f" (below budget={budget}: room for voted tokens)")
         check_count("kernel", kernel, 1)
         if kernel % 2 == 0:
@@ -74,7 +81,10 @@ class SnapKVCache(EvictingCache):
         self.window, self.kernel, self.pooling = window, kernel, pooling
 
     def observe(self, layer, q, keys, mask) -> None:
-        if self._seen or q.shape[1] <= self.budget:  # not a prompt, or one that fits: nothing to vote on
+        if self.every_pass:  # H2O's feeding: vote whenever held + new tokens overflow the budget
+            if keys.shape[2] <= self.budget or q.shape[1] < self.window:
+                return
+        elif self._seen or q.shape[1] <= self.budget:  # not a prompt, or one that fits: nothing to vote on
             return
         w = self.window
         # the window's queries over every prompt key, summed over the window: [B, Hkv, T]
