@@ -228,3 +228,20 @@ def test_reached_counts_the_rounds_that_tested_each_position():
     for i in range(1, len(out.reached)):  # position i + 1 is tested only after position i passed
         assert out.reached[i] <= accepted[i - 1] and accepted[i] <= out.reached[i]
     assert sum(accepted) == out.accepted and sum(out.reached) == out.tested
+
+
+def test_the_exact_mode_refuses_passes_it_cannot_make_invariant():
+    """Batch invariance covers passes of up to INVARIANT_MAX_ROWS tokens: a longer draft or tree is refused with the
+    mode on (its greedy output could depend on gamma), accepted with it off."""
+    import labkit
+    from labkit.quant.rows import INVARIANT_MAX_ROWS
+    from labkit.speculative import PromptLookup, TreeLookup, generate, generate_tree
+
+    target, tok = labkit.load("shakespeare")
+    with pytest.raises(ValueError, match=f"gamma must be at most {INVARIANT_MAX_ROWS - 1} with batch_invariant"):
+        generate(target, PromptLookup(), tok, "ROMEO:", gamma=INVARIANT_MAX_ROWS, max_new_tokens=4)
+    with pytest.raises(ValueError, match=f"max_nodes must be at most {INVARIANT_MAX_ROWS} with batch_invariant"):
+        generate_tree(target, TreeLookup(), tok, "ROMEO:", max_nodes=INVARIANT_MAX_ROWS + 1, max_new_tokens=4)
+    out = generate(target, PromptLookup(), tok, "ROMEO:", gamma=INVARIANT_MAX_ROWS, max_new_tokens=4,
+                   batch_invariant=False)
+    assert len(out.token_ids) >= 1

@@ -111,6 +111,8 @@ def test_round_overhead_and_the_decomposition_by_hand():
     # the rounds took 6.5 steps of 10 ms: 1.5 steps more, 0.5 a round
     out = SimpleNamespace(gammas=[4, 4, 1], wall_s=0.080, prefill_s=0.015)
     assert costs.round_overhead(out, 0.010, 0.1, t_rel) == pytest.approx(0.5)
+    fast = SimpleNamespace(gammas=[4, 4, 1], wall_s=0.060, prefill_s=0.015)  # 4.5 steps: 0.5 fewer than the costs
+    assert costs.round_overhead(fast, 0.010, 0.1, t_rel) == pytest.approx(-0.5 / 3)  # signed, not clamped
     assert costs.predicted_speedup(0.5, 4, 0.1, t_rel, overhead=0.5) == pytest.approx(1.9375 / (0.4 + 1.5 + 0.5))
     rows = costs.decomposition(0.5, 4, 0.1, t_rel, 0.5, measured=0.7)
     assert [r["step"] for r in rows][-1] == "measured" and rows[-1]["speedup"] == 0.7

@@ -2,6 +2,8 @@
 another run, a mixed workload's totals, and the bytes a zero-copy head does not store."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -30,7 +32,7 @@ def test_a_race_checks_every_reply_and_prices_the_rounds_in_plain_steps(pair):
     for name in ("draft", "lookup"):
         row = rows[name]
         assert row["same_as_plain"] and len(row["out"].token_ids) == 24
-        assert row["overhead"] is not None and row["overhead"] >= 0 and row["speedup"] > 0 and row["decode_speedup"] > 0
+        assert row["overhead"] is not None and math.isfinite(row["overhead"]) and row["speedup"] > 0 and row["decode_speedup"] > 0
         assert 0 <= row["alpha"] <= 1 and row["tokens_per_call"] >= 1
     assert rows["draft"]["c"] > 0 and rows["draft"]["out"].draft_s > 0  # a draft model's steps cost time
     assert rows["lookup"]["c"] < rows["draft"]["c"]  # a lookup in a list costs less than a forward pass

@@ -19,8 +19,8 @@ def run(quick: bool = False) -> dict:
 
     import labkit
     from labkit.benchmarks._compiled import Toggle, compile_format, compiled_profile
-    from labkit.benchmarks._peers import rates_beside_llama_cpp
-    from labkit.benchmarks.step import PROMPT, _formats
+    from labkit.benchmarks.step import PROMPT, SPECS, _formats, peer_rates
+    from labkit.benchmarks.workers import compile_times
     from labkit.costmodel.cpu import emulated_isa
     from labkit.generation.profile import pass_costs
     from labkit.model.compiled import compiler_problem
@@ -37,6 +37,8 @@ def run(quick: bool = False) -> dict:
     for name in ("int4 g32", "Q4_1 (GGUF)"):
         model = loaders[name]()
         program, row = compile_format(model, ids, n=32 if quick else 64)
+        times = compile_times(SPECS[name])  # fresh processes: an empty inductor cache, then the one it left
+        row["compile_cold_s"], row["compile_cached_s"] = times["cold_s"], times["cached_s"]
         row["profile"] = prof = compiled_profile(model, ids)
         report["formats"][name] = row
         print(f"  {name:12s} compiled in {row['compile_cold_s']:.0f} s cold, {row['compile_cached_s']:.0f} s from the "
@@ -44,7 +46,9 @@ def run(quick: bool = False) -> dict:
               f" of {32 if quick else 64}")
         print(f"  {'':12s} compiled step, profiled {prof['profiled_step_ms']:.1f} ms = products {prof['products_ms']:.1f} + "
               f"other operators {prof['other_ops_ms']:.1f} + generated program {prof['program_ms']:.1f} + Dynamo's entry "
-              f"{prof['dynamo_entry_ms']:.1f} + the rest {prof['rest_ms']:.1f}")
+              f"{prof['dynamo_entry_ms']:.1f} + not attributed {prof['rest_ms']:.1f}; without the profiler "
+              f"{prof['step_ms']:.1f} ms (the profiler added {prof['profiler_added']:+.0%}); cannot see: "
+              + "; ".join(prof["unseen"]))
         timed[name], timed[name + " compiled"] = Toggle(model, program, False), Toggle(model, program, True)
     costs = pass_costs(timed, ids, KS, rounds=rounds)
     print("  T(k) / T(1) (interleaved)      " + "".join(f"{'k=' + str(k):>7s}" for k in KS[1:]) + "   step ms")
@@ -52,15 +56,16 @@ def run(quick: bool = False) -> dict:
         row = report["formats"][name.removesuffix(" compiled")]
         row["compiled_pass_ms" if name.endswith("compiled") else "eager_pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
         print(f"  {name:30s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]) + f"   {1e3 * per_k[1]:6.1f}")
-    rates, why = rates_beside_llama_cpp(timed, ids, n, rounds)
+    del timed  # every side runs in a process of its own from here
+    rates = peer_rates(list(costs), ids, n, rounds, report)
     report["tok_s"] = rates
-    print(f"  decode, {n} greedy tokens, {rounds} interleaved rounds:")
+    print(f"  decode, {n} greedy tokens, {rounds} rounds, {report['tok_s_protocol']}:")
     for name, rate in rates.items():
-        ratio = (f"  {rate / rates['llama.cpp Q4_1']:.2f}x llama.cpp" if "llama.cpp Q4_1" in rates and name != "llama.cpp Q4_1"
+        vs = report.get("vs_llama_cpp", {}).get(name)
+        ratio = (f"  {1 / vs['ratio']:.2f}x llama.cpp ({1 / vs['high']:.2f}-{1 / vs['low']:.2f}, {vs['verdict']})" if vs
                  else "  (its own kernels for this CPU: an emulated instruction set does not reach it)"
                  if name == "llama.cpp Q4_1" and emulated_isa() else "")
         print(f"  {name:30s} {rate:6.1f} tok/s{ratio}")
-    if why is not None:
-        report["llama_cpp"] = why
-        print(f"  llama.cpp: {why}")
+    if report.get("llama_cpp"):
+        print(f"  llama.cpp: {report['llama_cpp']}")
     return report

@@ -85,6 +85,34 @@ class _Invariant:
             return self.model.step(*args, **kwargs)
 
 
+# the same formats as worker specs (labkit.benchmarks.workers): each built in a process of its own
+SPECS = {"float32": {"side": "labkit"}, "bfloat16": {"side": "labkit", "dtype": "bfloat16"},
+         "int8": {"side": "labkit", "bits": 8}, "int4 g32": {"side": "labkit", "bits": 4},
+         "Q4_1 (GGUF)": {"side": "labkit", "dtype": "bfloat16", "weights": "gguf"}}
+
+
+def worker_specs(names) -> dict:
+    """Worker specs for format names, a " compiled" suffix meaning the compiled step."""
+    return {name: {**SPECS[_base(name)], "compile": name.endswith(" compiled")} for name in names}
+
+
+def peer_rates(names, ids: list[int], n: int, rounds: int, report: dict) -> dict:
+    """Decode tok/s of each format and of llama.cpp, each in its own process, rounds alternating; every sample,
+    the protocol and each format's ratio to llama.cpp with its interval go into `report`."""
+    from labkit import measure
+    from labkit.benchmarks.workers import LLAMA_CPP, rates_in_own_processes
+
+    run, why = rates_in_own_processes(worker_specs(names), ids, n, rounds)
+    report["tok_s_run"] = run.as_dict()
+    report["tok_s_protocol"] = run.machine["protocol"]
+    if why is not None:
+        report["llama_cpp"] = why
+    if LLAMA_CPP in run:
+        report["vs_llama_cpp"] = {name: measure.compare(run[name], run[LLAMA_CPP]).as_dict() for name in run
+                                  if name != LLAMA_CPP}
+    return {name: 1 / t.median for name, t in run.items()}
+
+
 def _base(name: str) -> str:
     return name.removesuffix(" compiled")
 
@@ -102,8 +130,12 @@ def _compile_all(models: dict, ids: list[int], report: dict) -> dict:
         return models
     print("  the step as one compiled program (inductor, C++ wrapper, frozen weights; minutes of compiling):")
     timed = {}
+    from labkit.benchmarks.workers import compile_times
+
     for name, model in models.items():
         program, row = compile_format(model, ids)
+        times = compile_times(SPECS[name])  # two fresh processes: an empty inductor cache, then the one it left
+        row["compile_cold_s"], row["compile_cached_s"] = times["cold_s"], times["cached_s"]
         report["formats"][name]["compiled"] = row
         eq = row["tokens_equal_eager"]
         print(f"  {name:12s} compiled in {row['compile_cold_s']:5.1f} s cold, {row['compile_cached_s']:5.1f} s from "
@@ -121,7 +153,6 @@ def run(quick: bool = False) -> dict:
     import torch
 
     import labkit
-    from labkit.benchmarks._peers import rates_beside_llama_cpp
     from labkit.costmodel import measure
     from labkit.generation.profile import pass_costs, step_profile
     from labkit.model.invariance import default_kernels_report
@@ -173,12 +204,15 @@ def run(quick: bool = False) -> dict:
         report["formats"][name]["invariant_pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
         report["formats"][name]["invariant_cost"] = {k: per_k[k] / costs[name][k] for k in KS}
         print(f"  {name:12s}" + "".join(f"{per_k[k] / costs[name][k]:7.2f}" for k in KS[1:]))
-    roof = []  # labkit's formats and llama.cpp (in a child process) in turn, a roofline sample each round
-    rates, why = rates_beside_llama_cpp(timed, ids, n, rounds,
-                                        each_round=lambda: roof.append(measure.read_bandwidth_gb_s(seconds=0.3)))
+    roof = [measure.read_bandwidth_gb_s(seconds=0.3)]  # a roofline sample before and after the rates
+    del models, timed  # every side runs in a process of its own from here
+    rates = peer_rates(list(report["formats"]) + [f"{n_} compiled" for n_, r in report["formats"].items()
+                                                   if "compiled" in r], ids, n, rounds, report)
+    why = report.get("llama_cpp")
+    roof.append(measure.read_bandwidth_gb_s(seconds=0.3))
     report["roofline_gb_s"] = statistics.median(roof)
     report["tok_s"] = rates
-    print(f"  decode, {n} greedy tokens, {rounds} interleaved rounds; streaming-read roofline "
+    print(f"  decode, {n} greedy tokens, {rounds} rounds, {report['tok_s_protocol']}; streaming-read roofline "
           f"{report['roofline_gb_s']:.1f} GB/s (median of {len(roof)} samples)")
     for name, rate in rates.items():
         line = f"  {name:21s} {rate:6.1f} tok/s"
@@ -186,10 +220,11 @@ def run(quick: bool = False) -> dict:
             gb_s = report["formats"][_base(name)]["bytes_per_token"] * rate / 1e9
             (report["formats"][name] if name in models else report["formats"][_base(name)]["compiled"])["gb_s"] = gb_s
             line += f"  {gb_s:5.1f} GB/s ({100 * gb_s / report['roofline_gb_s']:3.0f} % of the roofline)"
-        if "llama.cpp Q4_1" in rates and name != "llama.cpp Q4_1":
-            line += f"  {rate / rates['llama.cpp Q4_1']:.2f}x llama.cpp"
+        vs = report.get("vs_llama_cpp", {}).get(name)
+        if vs:
+            line += (f"  {1 / vs['ratio']:.2f}x llama.cpp ({1 / vs['high']:.2f}-{1 / vs['low']:.2f}, "
+                     f"{vs['verdict']})")
         print(line)
     if why is not None:
-        report["llama_cpp"] = why
         print(f"  llama.cpp: {why}")
     return report

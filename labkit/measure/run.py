@@ -121,6 +121,13 @@ class Run:
     warmup: int
     machine: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_samples(cls, samples: dict, warmup: int = 0, machine: dict | None = None, unit: str = "call") -> "Run":
+        """A Run of samples timed elsewhere (e.g. inside worker processes), in rounds that alternated the variants:
+        they share a fresh run id, so `compare` pairs them round by round."""
+        rid = next(_RUN_IDS)
+        return cls({n: Timing(n, tuple(s), rid, unit) for n, s in samples.items()}, warmup, dict(machine or {}))
+
     def __getitem__(self, name: str) -> Timing:
         return self.timings[name]
 

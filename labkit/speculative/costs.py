@@ -165,7 +165,9 @@ def round_overhead(out, plain_step_s: float, c: float, t_rel: dict) -> float:
 
     `out` is a `SpeculativeOutput`; its rounds took wall_s − prefill_s. By the measured costs they
     should have taken Σ over rounds (γ_i·c + T(γ_i+1)/T(1))·T(1); the rest, per round, is the loop's
-    own work. `plain_step_s`: T(1), a plain decode step's seconds measured in the same run.
+    own work. `plain_step_s`: T(1), a plain decode step's seconds measured in the same run. The value is
+    signed: below 0, the rounds ran faster than their parts timed alone add up to (the separately measured
+    T(k) and c overstate the loop's costs), which is reported as it is, not clamped to 0.
     """
     if not out.gammas:
         raise ValueError("out has no rounds (max_new_tokens of 1?): nothing to attribute")
@@ -175,7 +177,7 @@ def round_overhead(out, plain_step_s: float, c: float, t_rel: dict) -> float:
     if missing:
         raise ValueError(f"t_rel must hold T(k)/T(1) for k = {missing} (the passes this run made)")
     modelled = sum(g * c + (t_rel[g + 1] if g else 1.0) for g in out.gammas)
-    return max(0.0, ((out.wall_s - out.prefill_s) / plain_step_s - modelled) / len(out.gammas))
+    return ((out.wall_s - out.prefill_s) / plain_step_s - modelled) / len(out.gammas)
 
 
 def decomposition(alpha: float, gamma: int, c: float, t_rel: dict, overhead: float, measured: float) -> list[dict]:

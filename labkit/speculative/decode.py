@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
+from labkit.quant.rows import INVARIANT_MAX_ROWS
 from labkit.speculative.drafters import DraftModel
 from labkit.speculative.verify import accept_greedy, accept_sampled
 
@@ -167,8 +168,13 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     same call with the switch or without as long as the model keeps its default product (`lean_step` on,
     `split_matvec` off), so greedy output then equals plain greedy decoding bit for bit in every format; with
     another plain product the last bits of the plain step differ, and only a near-tie can expose that. Off:
-    the fast default kernels, and a near-tie may flip.
+    the fast default kernels, and a near-tie may flip. The mode covers passes of up to `INVARIANT_MAX_ROWS`
+    (16) tokens, so with it a fixed γ may be at most 15 (a `ValueError` says so); without it, up to 64.
     """
+    if batch_invariant is True and isinstance(gamma, int) and not isinstance(gamma, bool) and gamma + 1 > INVARIANT_MAX_ROWS:
+        raise ValueError(f"gamma must be at most {INVARIANT_MAX_ROWS - 1} with batch_invariant=True (passes of up to "
+                         f"{INVARIANT_MAX_ROWS} tokens are row-invariant), got {gamma!r}; pass batch_invariant=False "
+                         f"for longer drafts, whose greedy output may then depend on gamma")
     return run_exact(target, batch_invariant, lambda: _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed,
                                                                 chat, sampling),
                      compare and (tok, max_new_tokens, seed, sampling))

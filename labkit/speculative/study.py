@@ -80,10 +80,11 @@ def race(target, tok, prompt, drafters: dict, n: int = 40, rounds: int = 2, chat
 def predict(calibration: dict, gamma: int, t_rel: dict) -> dict:
     """The formula's speed-up at `gamma`, with α, c and the overhead of a calibration row (from `race`).
 
-    Returns the steps of `costs.decomposition` without the measurement: paper, with T(k), with the overhead."""
+    Returns the steps of `costs.decomposition` without the measurement: paper, with T(k), with the overhead
+    (a negative overhead, rounds faster than their parts timed alone, counts as 0 here)."""
     if calibration.get("overhead") is None:
         raise ValueError("the calibration row has no overhead: race it with t_rel=")
-    a, c, o = calibration["alpha"], calibration["c"], calibration["overhead"]
+    a, c, o = calibration["alpha"], calibration["c"], max(0.0, calibration["overhead"])  # a negative one adds nothing
     return {"paper": predicted_speedup(a, gamma, c), "with T(k)": predicted_speedup(a, gamma, c, t_rel),
             "with overhead": predicted_speedup(a, gamma, c, t_rel, o)}
 

@@ -30,6 +30,7 @@ import torch
 
 from labkit.kvcache.base import KVCache
 from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
+from labkit.quant.rows import INVARIANT_MAX_ROWS
 from labkit.speculative.decode import SpeculativeOutput, emitted, run_exact
 from labkit.speculative.tree import TokenTree, verify_greedy, verify_sampled
 from labkit.speculative.treedraft import ChainTree, TreeDraftModel
@@ -176,7 +177,12 @@ def generate_tree(target, drafter, tok, prompt, *, max_nodes: int = 8, max_new_t
     """Generate with tree speculative decoding: at most `max_nodes` tree nodes (root included) per target pass.
 
     `batch_invariant` (default on), as in `speculative.generate`: the tree passes give each node the bits a
-    one-token step on its path gives it, so greedy output cannot depend on the tree's shape."""
+    one-token step on its path gives it, so greedy output cannot depend on the tree's shape. The mode covers
+    passes of up to `INVARIANT_MAX_ROWS` (16) tokens, so with it `max_nodes` may be at most 16."""
+    if batch_invariant is True and isinstance(max_nodes, int) and max_nodes > INVARIANT_MAX_ROWS:
+        raise ValueError(f"max_nodes must be at most {INVARIANT_MAX_ROWS} with batch_invariant=True (passes of up to "
+                         f"{INVARIANT_MAX_ROWS} tokens are row-invariant), got {max_nodes!r}; pass "
+                         "batch_invariant=False for larger trees")
     return run_exact(target, batch_invariant, lambda: _generate_tree(target, drafter, tok, prompt, max_nodes,
                                                                      max_new_tokens, seed, chat, sampling),
                      compare and (tok, max_new_tokens, seed, sampling))
