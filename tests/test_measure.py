@@ -246,3 +246,14 @@ def test_no_chapter_reads_the_clock_itself():
             if cell["cell_type"] == "code" and any(w in src for w in ("perf_counter", "time.time(", "time.monotonic")):
                 found.append(f"{nb.name} cell {i}")
     assert found == [], f"time these with labkit.measure: {found}"
+
+
+def test_labkit_reads_one_clock():
+    """Every timing in the library goes through labkit.measure's clock (tests can hand in their own); `time.time()`
+    stays for wall-clock timestamps (the OpenAI API's `created`), `time.monotonic()` for deadlines."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "labkit"
+    found = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if p.parent.name != "measure" and "perf_counter" in p.read_text()]
+    assert found == [], f"read the clock through labkit.measure: {found}"

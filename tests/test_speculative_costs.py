@@ -143,3 +143,10 @@ def test_acceptance_by_position_counts_rounds_and_the_verdict_needs_them():
     assert decay_verdict(falling) == "falls"
     assert decay_verdict(falling, min_rounds=50) == "inconclusive"  # one position with enough rounds decides nothing
     assert decay_verdict([{"reached": 30, "rate": 0.3, "stderr": 0.08}, {"reached": 25, "rate": 0.6, "stderr": 0.1}]) == "rises"
+
+
+def test_invariant_cost_is_a_paired_comparison_of_the_mode():
+    model = tiny().requires_grad_(False)
+    c = costs.invariant_cost(model, k=3, position=8, rounds=8)
+    assert c.a.name == "mode on" and c.b.name == "default" and c.method.startswith("paired") and c.rounds == 8
+    assert c.verdict in measure.VERDICTS and c.low <= c.ratio <= c.high

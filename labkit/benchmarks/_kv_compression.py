@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
+
+from labkit.measure.clock import now as clock_now
 
 STORED = dict(length=4096, fractions=(0.1, 0.25, 0.5), trials=3, positions=[512, 2048, 4096, 8176], steps=7,
               passkey_lengths=[1024, 2048, 4096])
@@ -32,11 +33,11 @@ def run_stored(plan: dict | None = None) -> dict:
     model, tok, skipped = load_or_skip("smollm2-135m")
     if skipped:
         raise SystemExit(f"SmolLM2 is not available: {skipped}")
-    start = time.perf_counter()
+    start = clock_now()
     eviction = compression_tables(model, tok, plan or STORED)
     csa = csa_section(quick=False)
     return {"cpu": cpu_info(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "eviction": eviction, "compressed_attention": csa, "wall_s": time.perf_counter() - start,
+            "eviction": eviction, "compressed_attention": csa, "wall_s": clock_now() - start,
             "command": "python -m labkit.benchmarks._kv_compression --json data/kv_compression.json"}
 
 

@@ -1,9 +1,10 @@
 """The parts of the serving benchmark that start things: the HTTP endpoint and two processes."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
+
+from labkit.measure.clock import now as clock_now
 
 PROMPTS = ["Tell me about the moon.", "What is a prime number?", "Name three rivers.", "Why is the sky blue?",
            "Write a haiku about rain.", "What does a CPU do?", "Give me a tip for sleeping well.", "What is tea?"]
@@ -18,9 +19,9 @@ def endpoint(model, tok, quick: bool) -> dict:
     out = {}
     for concurrency in (1, 8):
         with Server(model, tok, "smollm2-135m", policy="chunked", max_batch=8, token_budget=64, num_blocks=256) as srv:
-            t = time.perf_counter()
+            t = clock_now()
             rows = load_test(srv.url, "smollm2-135m", prompts, concurrency=concurrency, max_tokens=24, timeout_s=120)
-            wall = time.perf_counter() - t
+            wall = clock_now() - t
         errors = [r["error"] for r in rows if "error" in r]
         ttft = [r["ttft_s"] for r in rows if r.get("ttft_s") is not None]
         n_events = sum(len(r.get("times", [])) for r in rows)

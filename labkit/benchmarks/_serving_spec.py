@@ -11,7 +11,8 @@ replay's.
 """
 from __future__ import annotations
 
-import time
+
+from labkit.measure.clock import now as clock_now
 
 LOADS = (0.05, 0.5, 1.0, 2.0)
 HERE = dict(max_batch=16, token_budget=128, budgets=("off", "fixed:3", "vllm:8:3", "auto"))
@@ -60,7 +61,7 @@ def section(model, tok, quick: bool = False, reuse: dict | None = None) -> dict:
     from labkit.serving import specload
     from labkit.serving.passcost import measure_pass_costs, step_time
 
-    t0 = time.perf_counter()
+    t0 = clock_now()
     if reuse is not None:
         recorded, table = reuse["recorded"], reuse["pass_costs"]
         print(f"  the recording and pass costs of a previous run: {len(recorded['prompts'])} requests")
@@ -68,7 +69,7 @@ def section(model, tok, quick: bool = False, reuse: dict | None = None) -> dict:
         prompts = specload.workload_prompts(2 if quick else 6)
         recorded = specload.record(model, tok, prompts, max_new_tokens=64 if quick else 128, progress=True)
         print(f"  recorded {len(prompts)} greedy replies ({sum(map(len, recorded['replies']))} tokens, "
-              f"{sum(k == 'grounded' for k in recorded['kinds'])} input-grounded) in {time.perf_counter() - t0:.0f} s")
+              f"{sum(k == 'grounded' for k in recorded['kinds'])} input-grounded) in {clock_now() - t0:.0f} s")
         table = measure_pass_costs(model, decode_rows=(1, 2, 4, 8, 16, 32, 64), prefill_tokens=(128, 256),
                                    source=source_ids(tok), context=128, repeats=3 if quick else 7)
     t1 = table[0]["seconds"]

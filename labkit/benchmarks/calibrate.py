@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
+
+from labkit.measure.clock import now as clock_now
 
 __all__ = ["linear_shapes", "product_times", "calibrate", "ROWS", "run"]
 
@@ -90,11 +91,11 @@ def product_times(config, rows=(1,) + ROWS, seconds: float = 0.1, megabytes: flo
                         linear(xs[w.shape[1]], w)
 
             one_pass()  # warm-up: page in, thread pool
-            times, deadline = [], time.perf_counter() + seconds
-            while time.perf_counter() < deadline or len(times) < 3:
-                start = time.perf_counter()
+            times, deadline = [], clock_now() + seconds
+            while clock_now() < deadline or len(times) < 3:
+                start = clock_now()
                 one_pass()
-                times.append(time.perf_counter() - start)
+                times.append(clock_now() - start)
             out[r] = statistics.median(times) * scale
     return {"rows": out, "flops": {r: 2.0 * r * layer_params * n_layers for r in rows},
             "bytes": 4.0 * layer_params * n_layers, "layers_timed": layers}

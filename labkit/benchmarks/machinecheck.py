@@ -10,9 +10,10 @@ efficiency the lab's own transformer reaches (design target: >= 45 % of the read
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
+
+from labkit.measure.clock import now as clock_now
 
 __all__ = ["measure", "compare", "prompt_ids"]
 
@@ -52,14 +53,14 @@ def measure(model, prompt_len: int = 64, n_tokens: int = 16, repeats: int = 2) -
     decode(model, state, 2)
     prefills, steps = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock_now()
         state = prefill(model, ids, max_len=prompt_len + n_tokens + 1)
-        prefills.append(time.perf_counter() - start)
+        prefills.append(clock_now() - start)
         run = []
         for _ in range(n_tokens):
-            start = time.perf_counter()
+            start = clock_now()
             decode(model, state, 1)
-            run.append(time.perf_counter() - start)
+            run.append(clock_now() - start)
         steps.append(run)
     return {"prefill_s": statistics.median(prefills), "step_s": np.median(np.array(steps), axis=0)}
 

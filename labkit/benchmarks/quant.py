@@ -2,6 +2,7 @@
 
 labkit decodes greedily in float32, bfloat16, int8 and int4 (RTN on the packed kernels) and
 from the GGUF file's own Q4_1 blocks, with int8 activations and integer dot products (Q8_0 W8A8,
+
 Q4_1 W4A8 on `torch._int_mm`) and in MXFP4 / NVFP4 (their reference path: the dequantized
 weights multiplied in float32, so their speed is float32's, listed for the bytes); Hugging Face transformers (float32 and bfloat16, read
 from the same file) and llama.cpp (the same Q4_1 file) decode the same prompt when they are
@@ -15,7 +16,8 @@ prompt tokens of the held-out play follows, for the same contenders.
 from __future__ import annotations
 
 import statistics
-import time
+
+from labkit.measure.clock import now as clock_now
 
 TITLE = ("SmolLM2 decode tokens/s and prefill TTFT by weight format (fp32, bf16, int8, int4, GGUF Q4_1, W8A8, MXFP4, "
          "NVFP4) vs transformers and llama.cpp, and one product in every kernel")
@@ -30,17 +32,17 @@ def _labkit_decode(model, ids: list[int], n: int) -> float:
     import labkit
 
     state = labkit.prefill(model, ids, max_len=len(ids) + n + 1)
-    start = time.perf_counter()
+    start = clock_now()
     labkit.decode(model, state, n)
-    return (time.perf_counter() - start) / n
+    return (clock_now() - start) / n
 
 
 def _labkit_prefill(model, ids: list[int]) -> float:
     import labkit
 
-    start = time.perf_counter()
+    start = clock_now()
     labkit.prefill(model, ids, max_len=len(ids) + 1)
-    return time.perf_counter() - start
+    return clock_now() - start
 
 
 def _transformers_decode(model, ids: list[int], n: int) -> float:

@@ -13,7 +13,8 @@ import contextlib
 import functools
 import os
 import statistics
-import time
+
+from labkit.measure.clock import now as clock_now
 
 TITLE = "SmolLM2-135M decode tokens/s: labkit vs transformers (float32, bfloat16), GB/s vs roofline"
 
@@ -90,10 +91,10 @@ def labkit_decode(model, prompt_ids: list[int], n_tokens: int) -> float:
         cache = model.new_cache(max_len=len(prompt_ids) + n_tokens)
         logits = model(torch.tensor([prompt_ids]), cache=cache, last_only=True)
         token = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
-        start = time.perf_counter()
+        start = clock_now()
         for _ in range(n_tokens):
             token = model(token, cache=cache)[:, -1].argmax(-1, keepdim=True)
-        return time.perf_counter() - start
+        return clock_now() - start
 
 
 def transformers_decode(model, prompt_ids: list[int], n_tokens: int) -> float:
@@ -106,11 +107,11 @@ def transformers_decode(model, prompt_ids: list[int], n_tokens: int) -> float:
     with torch.inference_mode():
         out = model(torch.tensor([prompt_ids]), use_cache=True)
         past, token = getattr(out, key), out.logits[:, -1].argmax(-1, keepdim=True)
-        start = time.perf_counter()
+        start = clock_now()
         for _ in range(n_tokens):
             out = model(token, use_cache=True, **{key: past})
             past, token = getattr(out, key), out.logits[:, -1].argmax(-1, keepdim=True)
-        return time.perf_counter() - start
+        return clock_now() - start
 
 
 def bytes_per_token(config, dtype_bytes: int, context: int) -> dict:

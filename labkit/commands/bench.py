@@ -5,7 +5,8 @@ import importlib
 import json
 import pkgutil
 import platform
-import time
+
+from labkit.measure.clock import now as clock_now
 
 
 def add_parser(sub):
@@ -43,9 +44,9 @@ def run(args) -> int:
     for name in selected:
         mod = benches[name]
         print(f"== {name}: {mod.TITLE}", flush=True)
-        start = time.perf_counter()
+        start = clock_now()
         report["results"][name] = mod.run(quick=args.quick)
-        print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
+        print(f"   ({clock_now() - start:.1f} s)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2, default=float)

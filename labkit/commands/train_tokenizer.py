@@ -1,7 +1,8 @@
 """`labkit train-tokenizer`: train the byte-level BPE on the Shakespeare corpus (reproduces data/shakespeare-bpe-4k.json)."""
 from __future__ import annotations
 
-import time
+
+from labkit.measure.clock import now as clock_now
 
 
 def add_parser(sub):
@@ -25,11 +26,11 @@ def run(args) -> int:
 
     text = Path(args.input).read_text(encoding="utf-8") if args.input else corpus.load_text("train")
     eos = "<|endoftext|>" if "<|endoftext|>" in args.special else None
-    start = time.perf_counter()
+    start = clock_now()
     tok = BPETokenizer.train(
         text, args.vocab_size, pattern=args.pattern, special_tokens=args.special, progress=True, eos_token=eos, method=args.method
     )
-    seconds = time.perf_counter() - start
+    seconds = clock_now() - start
     out = Path(args.out) if args.out else paths.data_path(SHAKESPEARE_BPE)
     tok.name = out.stem
     tok.save(out)

@@ -9,18 +9,19 @@ the time asked and returns the median of its repeats.
 from __future__ import annotations
 
 import statistics
-import time
+
+from labkit.measure.clock import now as clock_now
 
 
 def _median_rate(fn, work: float, seconds: float) -> float:
     """Run `fn` repeatedly for about `seconds`; return `work / median time`."""
     fn()  # warm-up: page in, allocate
     times = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times) < 3:
-        start = time.perf_counter()
+    deadline = clock_now() + seconds
+    while clock_now() < deadline or len(times) < 3:
+        start = clock_now()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock_now() - start)
     return work / statistics.median(times)
 
 

@@ -15,9 +15,10 @@ runs interleaved side by side, so machine noise hits both alike.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
+
+from labkit.measure.clock import now as clock_now
 
 __all__ = ["filler_ids", "ttft_sweep", "itl_sweep", "time_steps", "generate_without_cache", "generate_with_cache",
            "speedup_run", "predict_speedup", "crossing", "interpolate", "reply_estimate"]
@@ -47,10 +48,10 @@ def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
     for r in range(repeat):
         for p in prompt_lens:  # interleaved: every length sees the same machine
             ids = filler_ids(p, model.config.vocab_size, seed=r)
-            start = time.perf_counter()
+            start = clock_now()
             state = prefill(model, ids, max_len=p + 1)
             int(state.logits.argmax())  # the first token
-            times[p].append(time.perf_counter() - start)
+            times[p].append(clock_now() - start)
     return [{"prompt_len": p, "ttft_s": statistics.median(times[p])} for p in prompt_lens]
 
 
@@ -62,10 +63,10 @@ def time_steps(model, runs: list[list], steps: int) -> list[float]:
     for _ in range(steps):
         for run, t in zip(runs, times):
             step = (model or run[0]).step
-            start = time.perf_counter()
+            start = clock_now()
             logits = step(run[-1], cache=run[-2], last_only=True)
             run[-1] = logits[:, -1].argmax(-1, keepdim=True)
-            t.append(time.perf_counter() - start)
+            t.append(clock_now() - start)
     return [statistics.median(t) for t in times]
 
 
@@ -104,13 +105,13 @@ def generate_without_cache(model, ids, n: int, times: list | None = None) -> lis
     `times`, if given, receives the cumulative seconds after each token.
     """
     x = torch.tensor([list(ids)])
-    out, start = [], time.perf_counter()
+    out, start = [], clock_now()
     for _ in range(n):
         token = int(model(x, last_only=True)[0, -1].argmax())
         out.append(token)
         x = torch.cat([x, torch.tensor([[token]])], dim=1)
         if times is not None:
-            times.append(time.perf_counter() - start)
+            times.append(clock_now() - start)
     return out
 
 
@@ -120,14 +121,14 @@ def generate_with_cache(model, ids, n: int, cache="contiguous", times: list | No
     ids = list(ids)
     if isinstance(cache, str):
         cache = model.new_cache(kind=cache, max_len=len(ids) + n)
-    start = time.perf_counter()
+    start = clock_now()
     logits = model(torch.tensor([ids]), cache=cache, last_only=True)
     out = []
     for i in range(n):
         token = int(logits[0, -1].argmax())
         out.append(token)
         if times is not None:
-            times.append(time.perf_counter() - start)
+            times.append(clock_now() - start)
         if i + 1 < n:
             logits = model.step(torch.tensor([[token]]), cache=cache)
     return out

@@ -10,11 +10,11 @@ The metric names follow vLLM's `benchmarks/serve.py`: TTFT (request to first tok
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
+from labkit.measure.clock import now as clock_now
 from labkit.generation.stages import _params, _sampler, _step, prefill
 from labkit.sampling.constrained import make_constraint
 from labkit.sampling.pipeline import SamplingParams
@@ -85,8 +85,8 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params, co
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     stops = stop if isinstance(stop, StopStrings) else StopStrings(stop)
     eos = getattr(tok, "eos_id", None)
-    t0 = time.perf_counter()
-    now = lambda: time.perf_counter() - t0  # noqa: E731
+    t0 = clock_now()
+    now = lambda: clock_now() - t0  # noqa: E731
     prompt_ids = encode_prompt(tok, prompt, chat)
     t_tok = now()
     ctx = model.config.max_seq_len
@@ -111,13 +111,13 @@ def _run(model, tok, prompt, max_new_tokens, seed, stop, cache, chat, params, co
         if token == eos:
             reason = "eos"
             break
-        d0 = time.perf_counter()
+        d0 = clock_now()
         text += decoder.push(token)
         cut = stops.find(text) if stops else None
         if cut is not None:
             text, reason = text[:cut], "stop"
         safe = stops.safe_len(text) if stops else len(text.rstrip("\ufffd"))
-        detok += time.perf_counter() - d0
+        detok += clock_now() - d0
         if safe > shown:
             yield "text", text[shown:safe]
             shown = safe

@@ -34,12 +34,13 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 import types
 from collections import Counter
 
 import torch
 import torch.nn.functional as F
+
+from labkit.measure.clock import now as clock_now
 
 __all__ = ["CompiledStep", "COMPILE_MAX_TOKENS", "compiler_problem", "inductor_cache_dir", "kernel_source", "program_summary"]
 
@@ -221,10 +222,10 @@ class CompiledStep:
 
         from torch._inductor.graph import GraphLowering
 
-        start = time.perf_counter()
+        start = clock_now()
         with mock.patch.object(GraphLowering, "save_output_code", lambda code: self.code.__setitem__(name, code)):
             out = fn(*args)  # the first call compiles (or loads from the disk cache) and runs the pass
-        self.compile_s.append(time.perf_counter() - start)
+        self.compile_s.append(clock_now() - start)
         return fn, out
 
     def stats(self) -> dict:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
+
+from labkit.measure.clock import now as clock_now
 
 __all__ = ["SOLUTION_TAG", "execute", "problems", "stub_source", "student_copy", "write_students", "main"]
 
@@ -29,7 +30,7 @@ def execute(path: str | Path, timeout: int = 600) -> float:
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
-    start = time.perf_counter()
+    start = clock_now()
     client = NotebookClient(
         nb,
         timeout=timeout,
@@ -43,7 +44,7 @@ def execute(path: str | Path, timeout: int = 600) -> float:
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
     nbformat.write(nb, path)
-    return time.perf_counter() - start
+    return clock_now() - start
 
 
 def problems(path: str | Path) -> list[str]:

@@ -22,11 +22,11 @@ target; chapter 06 reads its results file and reruns a few rows live.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
 
+from labkit.measure.clock import now as clock_now
 from labkit.metrics.protocol import quality, reference_logits
 from labkit.quant.apply import METHODS, model_nbytes, quantize_model
 from labkit.quant.blocklinear import ACTIVATIONS, BLOCK_FORMATS
@@ -105,12 +105,12 @@ def quality_rows(reference, variants: dict[str, Callable[[], object]], ids, wind
     if on_row is not None:
         on_row(rows[0])
     for name, build in variants.items():
-        start = time.perf_counter()
+        start = clock_now()
         model = build()
         row = quality(model, ids, window, stride, reference=ref)
         nbytes = model_nbytes(model)
         rows.append({"name": name, **row, "bytes": nbytes, "vs_float32_bytes": nbytes / fp32,
-                     "ppl_change": row["ppl"] / base["ppl"] - 1, "seconds": time.perf_counter() - start})
+                     "ppl_change": row["ppl"] / base["ppl"] - 1, "seconds": clock_now() - start})
         del model
         if on_row is not None:
             on_row(rows[-1])

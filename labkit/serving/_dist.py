@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from labkit.measure.clock import now as clock_now
 from labkit.data import paths
 
 __all__ = ["launch", "free_port", "load_named", "model_names", "check_request", "prefill_last", "decode_greedy"]
@@ -143,9 +144,9 @@ def check_request(model_name, prompts, n_new) -> None:
 @torch.inference_mode()
 def prefill_last(model, prompt_ids: list[int], cache) -> tuple[torch.Tensor, float]:
     """Run the prompt into `cache`: (float32 logits of its last position [V], seconds)."""
-    t0 = time.perf_counter()
+    t0 = clock_now()
     logits = model(torch.tensor([prompt_ids]), cache=cache, last_only=True)[0, -1].float()  # [V]
-    return logits, time.perf_counter() - t0
+    return logits, clock_now() - t0
 
 
 @torch.inference_mode()
@@ -157,8 +158,8 @@ def decode_greedy(model, cache, first: int, n_new: int) -> tuple[list[int], list
     """
     ids, step_s = [first], []
     for _ in range(n_new - 1):
-        t0 = time.perf_counter()
+        t0 = clock_now()
         logits = model(torch.tensor([[ids[-1]]]), cache=cache)[0, -1]  # [V]
         ids.append(int(logits.argmax()))
-        step_s.append(time.perf_counter() - t0)
+        step_s.append(clock_now() - t0)
     return ids, step_s

@@ -11,11 +11,12 @@ timed out rather than left hanging.
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
+
+from labkit.measure.clock import now as clock_now
 
 __all__ = ["chat", "stream_chat", "load_test"]
 
@@ -46,7 +47,7 @@ def stream_chat(url: str, model: str, content: str, max_tokens: int = 32, timeou
     """A streamed completion, timed: text, ttft_s, event times (seconds since the request was sent), finish_reason."""
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "stream": True, **params}
-    t0 = time.perf_counter()
+    t0 = clock_now()
     text, times, reason = [], [], None
     with urllib.request.urlopen(_request(url, body), timeout=timeout_s) as resp:
         for raw in resp:
@@ -57,10 +58,10 @@ def stream_chat(url: str, model: str, content: str, max_tokens: int = 32, timeou
             piece = choice["delta"].get("content")
             if piece:
                 text.append(piece)
-                times.append(time.perf_counter() - t0)
+                times.append(clock_now() - t0)
             reason = choice.get("finish_reason") or reason
     return {"text": "".join(text), "ttft_s": times[0] if times else None, "times": times,
-            "total_s": time.perf_counter() - t0, "finish_reason": reason}
+            "total_s": clock_now() - t0, "finish_reason": reason}
 
 
 def load_test(url: str, model: str, prompts: list[str], *, concurrency: int = 4, max_tokens: int = 32,
@@ -71,11 +72,11 @@ def load_test(url: str, model: str, prompts: list[str], *, concurrency: int = 4,
         raise ValueError(f"concurrency must be an integer in [1, 64], got {concurrency!r}")
     if not prompts or len(prompts) > 1000:
         raise ValueError(f"prompts must hold 1 to 1000 prompts, got {len(prompts)}")
-    start = time.perf_counter()
+    start = clock_now()
 
     def one(i_prompt):
         i, prompt = i_prompt
-        sent = time.perf_counter() - start
+        sent = clock_now() - start
         left = timeout_s - sent
         if left <= 0:
             return {"index": i, "sent_s": sent, "error": "timed out before it was sent"}

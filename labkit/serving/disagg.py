@@ -36,9 +36,9 @@ first token (max_new_tokens 1, a stop token) ends on the prefill engine; nothing
 from __future__ import annotations
 
 import bisect
-import time
 from dataclasses import dataclass
 
+from labkit.measure.clock import now as clock_now
 from labkit.serving.engine import Engine, Replay
 from labkit.serving.request import Request
 
@@ -87,9 +87,9 @@ def _check(prefill: Engine, decode: Engine, requests: list[Request], link_bytes_
 def _hand_off(prefill: Engine, link_bytes_per_s: float, inbox: list[Transfer]) -> None:
     """Every request that got its first token on the prefill engine (and goes on) leaves it for the inbox."""
     for req in [r for r in prefill.scheduler.running if r.output]:
-        t0 = time.perf_counter()
+        t0 = clock_now()
         keys, values = prefill.hand_off(req)
-        export_s = time.perf_counter() - t0
+        export_s = clock_now() - t0
         kv_bytes = keys.numel() * keys.element_size() + values.numel() * values.element_size()
         wire_s = kv_bytes / link_bytes_per_s
         move = Transfer(req, keys, values, keys.shape[1], kv_bytes, export_s, wire_s,
@@ -101,10 +101,10 @@ def _admit(decode: Engine, inbox: list[Transfer], clock: float, done: list[Trans
     """Import what has arrived by `clock` while the decode engine has room (oldest first); the copies take time."""
     while inbox and inbox[0].ready <= clock:
         move = inbox[0]
-        t0 = time.perf_counter()
+        t0 = clock_now()
         if not decode.add_prefilled(move.req, move.keys, move.values):
             break  # no slot or blocks: it waits for a step to finish someone
-        move.import_s = time.perf_counter() - t0
+        move.import_s = clock_now() - t0
         clock += move.import_s
         inbox.pop(0)
         move.keys = move.values = None  # the decode engine holds them now

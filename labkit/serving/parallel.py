@@ -21,12 +21,12 @@ talk through `torch.distributed` (gloo, on this machine's loopback; see
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from labkit.measure.clock import now as clock_now
 from labkit.model.transformer import Transformer, linear
 from labkit.serving._dist import check_request, decode_greedy, launch, load_named, prefill_last
 
@@ -54,9 +54,9 @@ class AllReduceLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = linear(x, self.weight).contiguous()  # [B, T, d_model]: this rank's partial sum
         if self.reduce:
-            t0 = time.perf_counter()
+            t0 = clock_now()
             dist.all_reduce(out, op=dist.ReduceOp.SUM)
-            self.seconds += time.perf_counter() - t0
+            self.seconds += clock_now() - t0
             self.count += 1
             self.bytes += out.numel() * out.element_size()
         return out
@@ -172,9 +172,9 @@ def _allreduce_alone(d_model: int, n: int = 40) -> float:
     x, times = torch.zeros(1, 1, d_model), []
     dist.barrier()
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0 = clock_now()
         dist.all_reduce(x)
-        times.append(time.perf_counter() - t0)
+        times.append(clock_now() - t0)
     return statistics.median(times)
 
 
@@ -212,21 +212,21 @@ def _disagg_worker(rank, world, model_name, prompt_ids, n_new):
         keys = cache.keys[..., :n, :].contiguous()  # [n_layers, B, n_kv_heads, n, head_dim], rotated
         values = cache.values[..., :n, :].contiguous()
         dist.barrier()  # the decoder is ready: its clock starts now
-        t0 = time.perf_counter()
+        t0 = clock_now()
         dist.send(torch.tensor([*keys.shape, int(logits.argmax())]), dst=1)  # header: shape + first token
         dist.send(keys, dst=1)
         dist.send(values, dst=1)
-        return {"prefill_s": prefill_s, "send_s": time.perf_counter() - t0,
+        return {"prefill_s": prefill_s, "send_s": clock_now() - t0,
                 "kv_bytes": keys.numel() * keys.element_size() + values.numel() * values.element_size()}
     dist.barrier()
-    t0 = time.perf_counter()
+    t0 = clock_now()
     header = torch.empty(6, dtype=torch.long)
     dist.recv(header, src=0)
     shape, first = tuple(header[:5].tolist()), int(header[5])
     keys, values = torch.empty(shape, dtype=model.dtype), torch.empty(shape, dtype=model.dtype)
     dist.recv(keys, src=0)
     dist.recv(values, src=0)
-    transfer_s = time.perf_counter() - t0
+    transfer_s = clock_now() - t0
     cache = model.new_cache(max_len=shape[3] + n_new, batch_size=shape[1])
     cache.begin(shape[3])  # write them through the cache's own protocol: one "pass" of the whole prompt
     for layer in range(shape[0]):
@@ -264,14 +264,14 @@ def _dp_worker(rank, world, model_name, prompts, n_new):
     model = load_named(model_name)
     mine = list(range(rank, len(prompts), world))  # round-robin: prompt i goes to replica i % world
     dist.barrier()  # every replica loaded: the clocks start together
-    t0 = time.perf_counter()
+    t0 = clock_now()
     ids = {}
     for i in mine:  # one request after another, batch 1
         cache = model.new_cache(max_len=len(prompts[i]) + n_new)
         logits, _ = prefill_last(model, prompts[i], cache)
         ids[i], _ = decode_greedy(model, cache, int(logits.argmax()), n_new)
     return {"rank": rank, "prompts": mine, "ids": ids, "tokens": sum(len(v) for v in ids.values()),
-            "wall_s": time.perf_counter() - t0}
+            "wall_s": clock_now() - t0}
 
 
 def run_data_parallel(model_name: str = "shakespeare", prompts: list[list[int]] | None = None, n_new: int = 8,

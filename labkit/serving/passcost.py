@@ -18,11 +18,11 @@ few hundred tokens of the chapter's traces that is a small part of a pass on thi
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 import torch
 
+from labkit.measure.clock import now as clock_now
 from labkit.kvcache.batch import PagedBatch
 
 __all__ = ["measure_pass_costs", "step_time"]
@@ -60,17 +60,17 @@ def measure_pass_costs(model, decode_rows=(1, 2, 4, 8, 16), prefill_tokens=(32, 
         for b in decode_rows:
             cache.plan([(i, 1) for i in range(b)])
             ids = torch.tensor([[source[context + i] for i in range(b)]], device=model.device)
-            t0 = time.perf_counter()
+            t0 = clock_now()
             model(ids, cache=cache, last_only=True)
-            times.setdefault(("decode", b), []).append(time.perf_counter() - t0)
+            times.setdefault(("decode", b), []).append(clock_now() - t0)
             for i in range(b):  # keep every context where it was: drop the token just written
                 cache.tables.lengths[i] -= 1
         for n in prefill_tokens:
             cache.add("prompt")
             cache.plan([("prompt", n)])
-            t0 = time.perf_counter()
+            t0 = clock_now()
             model(torch.tensor([source[:n]], device=model.device), cache=cache, last_only=True)
-            times.setdefault(("prefill", n), []).append(time.perf_counter() - t0)
+            times.setdefault(("prefill", n), []).append(clock_now() - t0)
             cache.free("prompt")
     return sorted(({"tokens": n, "kind": kind, "seconds": statistics.median(t[1:])} for (kind, n), t in times.items()),
                   key=lambda r: (r["tokens"], r["kind"]))

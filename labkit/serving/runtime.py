@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 
+from labkit.measure.clock import now as clock_now
 from labkit.serving.engine import Engine, PassFailed
 from labkit.serving.request import Request
 
@@ -55,14 +55,14 @@ class EngineThread:
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
         self.stopping = threading.Event()
-        self.t0 = time.perf_counter()
+        self.t0 = clock_now()
         self.live: dict = {}          # request id -> request, submitted and not ended
         self.lock = threading.Lock()
         self.failed_passes = 0
         self.thread = threading.Thread(target=self._loop, name="labkit-engine", daemon=True)
 
     def clock(self) -> float:
-        return time.perf_counter() - self.t0
+        return clock_now() - self.t0
 
     # ---- called from other threads --------------------------------------------------------
 

@@ -17,10 +17,10 @@
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
+from labkit.measure.clock import now as clock_now
 from labkit.kvcache.blocks import BlockTables
 from labkit.serving.engine import Engine, Replay, Step, run_trace
 from labkit.serving.request import Request
@@ -47,9 +47,9 @@ def batch_sweep(model, batches=(1, 2, 4, 8, 16, 32), *, prompt_len: int = 64, st
         engine.step()  # one warm-up decode step
         times = []
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0 = clock_now()
             step = engine.step()
-            times.append(time.perf_counter() - t0)
+            times.append(clock_now() - t0)
             assert step is not None and len(step.rows) == b
         med = float(np.median(times))
         rows.append({"batch": b, "step_s": med, "tokens_per_s": b / med, "spread": float(np.std(times) / med)})

@@ -26,7 +26,7 @@ from labkit.speculative.decode import expected_tokens
 from labkit.speculative.mtp import MTPHead, head_step_s
 from labkit.speculative.verify import accept_sampled
 
-__all__ = ["target_pass_s", "pass_timings", "step_timings", "verification_costs", "cheapest_verifier", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
+__all__ = ["target_pass_s", "pass_timings", "step_timings", "invariant_cost", "verification_costs", "cheapest_verifier", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
            "conditional_acceptance", "acceptance_by_position", "decay_verdict", "first_token_counts",
            "measure_speedups"]
 
@@ -70,6 +70,27 @@ def step_timings(models: dict, position: int = 64, rounds: int = 8):
     fns = {name: (lambda name=name: models[name](torch.ones(1, 1, dtype=torch.long), cache=caches[name]))
            for name in models}
     return measure.run(fns, rounds=rounds, warmup=1, setup=setup, machine=False)
+
+
+@torch.inference_mode()
+def invariant_cost(model, k: int = 5, position: int = 64, rounds: int = 8):
+    """A `labkit.measure.Comparison` of a k-token pass with the batch-invariant mode on against the same pass
+    with the default kernels: paired rounds, each pass after an untimed prefill of `position` tokens."""
+    from labkit.model.kernels import batch_invariant
+
+    prompt, caches = torch.zeros(1, position, dtype=torch.long), {}
+
+    def setup(name):
+        caches[name] = model.new_cache(max_len=position + k + 1)
+        model(prompt, cache=caches[name])
+
+    def on():
+        with batch_invariant(model):
+            model(torch.ones(1, k, dtype=torch.long), cache=caches["mode on"])
+
+    run = measure.run({"mode on": on, "default": lambda: model(torch.ones(1, k, dtype=torch.long), cache=caches["default"])},
+                      rounds=rounds, warmup=1, setup=setup, machine=False)
+    return measure.compare(run["mode on"], run["default"])
 
 
 def verification_costs(models: dict, ks=range(2, 10), position: int = 64, rounds: int = 10) -> dict:

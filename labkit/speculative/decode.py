@@ -21,11 +21,11 @@ by 2 after a round whose drafts were all accepted and shrinks by 1 otherwise (be
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
+from labkit.measure.clock import now as clock_now
 from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
 from labkit.quant.rows import INVARIANT_MAX_ROWS
 from labkit.speculative.drafters import DraftModel
@@ -232,27 +232,27 @@ def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sam
     ids = encode_prompt(tok, prompt, chat)
     eos = getattr(tok, "eos_id", None)
     schedule = _AutoGamma() if gamma == "auto" else _HeuristicGamma() if gamma == "heuristic" else None  # γ per round
-    t0 = time.perf_counter()
+    t0 = clock_now()
     gen = make_generator(seed) if not params.greedy else None
     cache = target.new_cache(max_len=min(target.config.max_seq_len, len(ids) + max_new_tokens + GAMMA_LIMIT + 2))
     if hasattr(drafter, "attach"):
         drafter.attach(cache)
     logits = target(torch.tensor([ids]), cache=cache, last_only=True)[0, -1].float()
     first = sample_next(logits, ids, params, gen)
-    prefill_s = time.perf_counter() - t0
+    prefill_s = clock_now() - t0
     history, out = ids + [first], [first]
     proposed, accepted, reached, gammas, calls = [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [0] * GAMMA_LIMIT, [], 1
     tested, draft_s = 0, 0.0
     while len(out) < max_new_tokens and out[-1] != eos:
         g = schedule.next() if schedule else gamma
         g = max(0, min(g, max_new_tokens - len(out) - 1, cache.max_len - cache.seq_len - 2))
-        d0 = time.perf_counter()
+        d0 = clock_now()
         drafted, q = drafter.propose(history, g, params, gen) if g else ([], None)
-        d1 = time.perf_counter()
+        d1 = clock_now()
         draft_s += d1 - d0
         x = torch.tensor([[history[-1]] + drafted])
         logits = target(x, cache=cache)[0].float()  # [k + 1, V]
-        t1 = time.perf_counter()
+        t1 = clock_now()
         calls += 1
         # the sampler pipeline, applied to every position with the history that position would have
         processed = torch.stack([process_logits(logits[i], history + drafted[:i], params) for i in range(len(drafted) + 1)])
@@ -272,7 +272,7 @@ def _generate(target, draft, tok, prompt, gamma, max_new_tokens, seed, chat, sam
         new = emitted(drafted[:n] + [nxt], eos, max_new_tokens - len(out))
         history += new
         out += new
-    wall = time.perf_counter() - t0
+    wall = clock_now() - t0
     depth = max((i + 1 for i, n in enumerate(proposed) if n), default=0)
     result = SpeculativeOutput(
         text=tok.decode([i for i in out if i != eos]), token_ids=out, prompt_ids=ids,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from labkit.measure.clock import now as clock_now
 from labkit.kvcache.base import forward_pass, new_cache
 from labkit.model.transformer import Block, RMSNorm, linear
 from labkit.sampling.pipeline import sample_next
@@ -115,7 +116,6 @@ class MTPDrafter(HiddenTap):
 def head_step_s(target, head: MTPHead, position: int = 64, repeat: int = 5) -> float:
     """Median seconds of one chained draft step (the head on one token + its LM head rows) at `position`."""
     import statistics
-    import time
 
     times = []
     d = target.config.d_model
@@ -123,8 +123,8 @@ def head_step_s(target, head: MTPHead, position: int = 64, repeat: int = 5) -> f
         cache = new_cache("contiguous", head.config, max_len=position + 2, dtype=target.dtype, device=target.device)
         head(target, torch.zeros(1, position, d, dtype=target.dtype), torch.zeros(1, position, dtype=torch.long), cache)
         h = torch.zeros(1, 1, d, dtype=target.dtype)
-        start = time.perf_counter()
+        start = clock_now()
         out = head(target, h, torch.ones(1, 1, dtype=torch.long), cache)
         int(torch.argmax(head.logits(target, out)[0, -1]))
-        times.append(time.perf_counter() - start)
+        times.append(clock_now() - start)
     return statistics.median(times[1:])

@@ -17,9 +17,9 @@ and the schedules over prompts of different kinds and totals their decode time.
 from __future__ import annotations
 
 import statistics
-import time
 from collections import Counter
 
+from labkit.measure.clock import now as clock_now
 from labkit.speculative.costs import predicted_speedup, round_overhead
 from labkit.speculative.decode import generate
 
@@ -52,9 +52,9 @@ def race(target, tok, prompt, drafters: dict, n: int = 40, rounds: int = 2, chat
         raise ValueError(f"n must be an integer >= 2 (tokens per reply), got {n!r}")
     plain_wall, plain_decode, spec_wall, spec_decode, outs = [], [], {k: [] for k in drafters}, {k: [] for k in drafters}, {}
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = clock_now()
         plain = plain_generate(target, tok, prompt, max_new_tokens=n, chat=chat)
-        plain_wall.append(time.perf_counter() - start)
+        plain_wall.append(clock_now() - start)
         plain_decode.append(plain.decode_s / max(1, len(plain.token_ids) - 1))
         for name, (make, gamma) in drafters.items():
             out = _spec(target, make(), tok, prompt, gamma, n, chat)

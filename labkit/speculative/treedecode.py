@@ -23,11 +23,11 @@ kind-specific shortcut takes it for a contiguous cache.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
+from labkit.measure.clock import now as clock_now
 from labkit.kvcache.base import KVCache
 from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
 from labkit.quant.rows import INVARIANT_MAX_ROWS
@@ -196,14 +196,14 @@ def _generate_tree(target, drafter, tok, prompt, max_nodes, max_new_tokens, seed
     params = SamplingParams.from_kwargs(None, **sampling)
     ids = encode_prompt(tok, prompt, chat)
     eos = getattr(tok, "eos_id", None)
-    t0 = time.perf_counter()
+    t0 = clock_now()
     gen = make_generator(seed) if not params.greedy else None
     cache = target.new_cache(max_len=min(target.config.max_seq_len, len(ids) + max_new_tokens + max_nodes + 1))
     if hasattr(drafter, "attach"):
         drafter.attach(cache)
     logits = target(torch.tensor([ids], device=target.device), cache=cache, last_only=True)[0, -1].float()
     first = sample_next(logits, ids, params, gen)
-    prefill_s = time.perf_counter() - t0
+    prefill_s = clock_now() - t0
     history, out = ids + [first], [first]
     proposed, accepted, nodes, per_pass, calls, tested = [0] * max_nodes, [0] * max_nodes, [], [], 1, 0
     while len(out) < max_new_tokens and out[-1] != eos:
@@ -227,7 +227,7 @@ def _generate_tree(target, drafter, tok, prompt, max_nodes, max_new_tokens, seed
         new = emitted(new, eos, max_new_tokens - len(out))
         history += new
         out += new
-    wall = time.perf_counter() - t0
+    wall = clock_now() - t0
     depth = max((d + 1 for d, n in enumerate(proposed) if n), default=0)
     result = TreeOutput(
         text=tok.decode([i for i in out if i != eos]), token_ids=out, prompt_ids=ids,

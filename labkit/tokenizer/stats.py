@@ -10,11 +10,11 @@ every merge, and measures each truncated tokenizer on held-out text.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import regex
 
+from labkit.measure.clock import now as clock_now
 from labkit.tokenizer.bpe import BPETokenizer
 
 __all__ = ["compression", "truncate", "VocabSweep", "vocab_sweep"]
@@ -81,9 +81,9 @@ def vocab_sweep(train_text: str, eval_text: str, vocab_sizes: list[int], pattern
     if not vocab_sizes or vocab_sizes[0] < 256:
         raise ValueError(f"vocab_sizes must be at least 256, got {vocab_sizes}")
     stamps = [0.0]
-    start = time.perf_counter()
-    tok = BPETokenizer.train(train_text, vocab_sizes[-1], pattern=pattern, progress=lambda done, total: stamps.append(time.perf_counter() - start))
-    total = time.perf_counter() - start
+    start = clock_now()
+    tok = BPETokenizer.train(train_text, vocab_sizes[-1], pattern=pattern, progress=lambda done, total: stamps.append(clock_now() - start))
+    total = clock_now() - start
     sizes = [v for v in vocab_sizes if v <= 256 + len(tok.merges)]
     bpt, tpw, secs = [], [], []
     for v in sizes:

@@ -23,11 +23,11 @@ compressed attention, `labkit.model.compressed`) adds it; the curve logs it as `
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.nn.functional as F
 
+from labkit.measure.clock import now as clock_now
 from labkit.train.batches import Batches, eval_windows
 from labkit.train.recipes import TrainSettings
 
@@ -108,7 +108,7 @@ def train(model, settings: TrainSettings, train_ids: torch.Tensor, val_ids: torc
     model.train()
     curve, val = [], []
     bar = _bar(s.steps, progress)
-    t_start = time.perf_counter()
+    t_start = clock_now()
     tokens = 0
     for step in range(s.steps):
         lr = lr_at(step, s)
@@ -128,7 +128,7 @@ def train(model, settings: TrainSettings, train_ids: torch.Tensor, val_ids: torc
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip))
         opt.step()
         tokens += x.numel()
-        elapsed = time.perf_counter() - t_start
+        elapsed = clock_now() - t_start
         if step % log_every == 0 or step == s.steps - 1:
             curve.append({"step": step, "lr": lr, "loss": float(loss.detach()), "ce": float(ce.detach()), "grad_norm": grad_norm,
                           "tokens_per_s": tokens / elapsed, **({"index_kl": float(aux.detach())} if aux is not None else {})})
@@ -142,7 +142,7 @@ def train(model, settings: TrainSettings, train_ids: torch.Tensor, val_ids: torc
         bar.close()
     model.eval()
     return {"settings": {k: v for k, v in vars(s).items()}, "curve": curve, "val": val, "tokens": tokens,
-            "wall_s": time.perf_counter() - t_start, "final_train_loss": curve[-1]["ce"], "final_val_loss": val[-1]["val_loss"]}
+            "wall_s": clock_now() - t_start, "final_train_loss": curve[-1]["ce"], "final_val_loss": val[-1]["val_loss"]}
 
 
 def _bar(total: int, progress: bool):

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import torch
 import torch.nn.functional as F
 
+from labkit.measure.clock import now as clock_now
 from labkit.speculative.headfile import save_head
 from labkit.speculative.mtp import MTPHead
 
@@ -115,7 +115,7 @@ def fit_head(params, steps, lr, seed, step_loss, check, eval_every, desc, progre
     `eval_every` steps `check()` gives (score, state): the state with the best score is returned as `best`.
     Returns (losses, checks, best, seconds)."""
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    losses, checks, best, t0 = [], [], None, time.perf_counter()
+    losses, checks, best, t0 = [], [], None, clock_now()
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -140,7 +140,7 @@ def fit_head(params, steps, lr, seed, step_loss, check, eval_every, desc, progre
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     if bar is not None:
         bar.close()
-    return losses, checks, best, time.perf_counter() - t0
+    return losses, checks, best, clock_now() - t0
 
 
 def train_head(backbone, head: MTPHead, train_feats, val_feats, *, steps: int = 400, batch: int = 8, seq_len: int = 128,
@@ -210,9 +210,9 @@ def self_distillation_data(quick: bool = False, progress: bool = True):
     if stored.exists():
         saved = json.loads(stored.read_text())
         return backbone, prompts, saved["conversations"], saved["generate_s"]
-    t0 = time.perf_counter()
+    t0 = clock_now()
     convs = generate_conversations(backbone, tok, prompts, max_new_tokens=max_new, progress=progress)
-    gen_s = time.perf_counter() - t0
+    gen_s = clock_now() - t0
     stored.parent.mkdir(parents=True, exist_ok=True)
     stored.write_text(json.dumps({"conversations": convs, "generate_s": gen_s}))
     return backbone, prompts, convs, gen_s

@@ -1,13 +1,14 @@
 """Widgets of chapter 03, the measured half: prompt- and reply-length sliders over this machine's timings."""
 from __future__ import annotations
 
+from labkit.measure.clock import now as clock_now
+
 __all__ = ["reply_time_explorer"]
 
 
 def reply_time_explorer(ttft_rows, itl_rows, model=None, prompt_len: int = 256, reply_len: int = 64):
     """Prompt and reply sliders: one reply's prefill and decode time estimated from the measured sweeps
     (`labkit.viz.reply_time_figure`); with a `model`, a button measures that reply live."""
-    import time
 
     import ipywidgets as widgets
     import plotly.graph_objects as go
@@ -29,12 +30,12 @@ def reply_time_explorer(ttft_rows, itl_rows, model=None, prompt_len: int = 256, 
         from labkit.generation.latency import filler_ids
 
         button.disabled, button.description = True, "measuring..."
-        start = time.perf_counter()
+        start = clock_now()
         state = labkit.prefill(model, filler_ids(p.value, model.config.vocab_size), max_len=p.value + r.value)
         int(state.logits.argmax())
-        ttft = time.perf_counter() - start
+        ttft = clock_now() - start
         labkit.decode(model, state, r.value - 1)
-        measured[(p.value, r.value)] = {"ttft_s": ttft, "decode_s": time.perf_counter() - start - ttft}
+        measured[(p.value, r.value)] = {"ttft_s": ttft, "decode_s": clock_now() - start - ttft}
         button.disabled, button.description = False, "measure this reply"
         redraw()
 
