@@ -22,7 +22,7 @@ def run(quick: bool = False) -> dict:
     from labkit.benchmarks.step import PROMPT, SPECS, _formats, peer_rates
     from labkit.benchmarks.workers import compile_times
     from labkit.costmodel.cpu import emulated_isa
-    from labkit.generation.profile import pass_costs
+    from labkit.generation.profile import pass_timings, samples_by_name
     from labkit.model.compiled import compiler_problem
 
     why = compiler_problem()
@@ -50,7 +50,9 @@ def run(quick: bool = False) -> dict:
               f"{prof['step_ms']:.1f} ms (the profiler added {prof['profiler_added']:+.0%}); cannot see: "
               + "; ".join(prof["unseen"]))
         timed[name], timed[name + " compiled"] = Toggle(model, program, False), Toggle(model, program, True)
-    costs = pass_costs(timed, ids, KS, rounds=rounds)
+    pass_run = pass_timings(timed, ids, KS, rounds=rounds)  # every sample kept in the report
+    report["pass_samples"] = samples_by_name(pass_run)
+    costs = {name: {k: pass_run[(name, k)].median for k in KS} for name in timed}
     print("  T(k) / T(1) (interleaved)      " + "".join(f"{'k=' + str(k):>7s}" for k in KS[1:]) + "   step ms")
     for name, per_k in costs.items():
         row = report["formats"][name.removesuffix(" compiled")]

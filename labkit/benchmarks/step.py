@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 
 TITLE = "a decode step per format: operator calls, time split, T(k)/T(1), tok/s vs llama.cpp"
 
@@ -154,7 +153,7 @@ def run(quick: bool = False) -> dict:
 
     import labkit
     from labkit.costmodel import measure
-    from labkit.generation.profile import pass_costs, step_profile
+    from labkit.generation.profile import pass_costs, pass_timings, samples_by_name, step_profile
     from labkit.model.invariance import default_kernels_report
 
     _, tok = labkit.load("smollm2-135m")
@@ -186,7 +185,9 @@ def run(quick: bool = False) -> dict:
             print(f"  {'  plain calls':12s} {plain['ops_per_step']:5.0f} operator calls a step; {plain['step_ms']:5.1f} ms "
                   f"(F.linear, F.rms_norm: the same numbers)")
     timed = models if quick else _compile_all(models, ids, report)
-    costs = pass_costs(timed, ids, KS, rounds=rounds)
+    pass_run = pass_timings(timed, ids, KS, rounds=rounds)  # every sample kept in the report
+    report["pass_samples"] = samples_by_name(pass_run)
+    costs = {name: {k: pass_run[(name, k)].median for k in KS} for name in timed}
     print("  T(k) / T(1), one pass over k new tokens against one decode step (interleaved):")
     print("  " + " " * 21 + "".join(f"{'k=' + str(k):>7s}" for k in KS[1:]))
     for name, per_k in costs.items():
@@ -218,7 +219,7 @@ def run(quick: bool = False) -> dict:
         line = f"  {name:21s} {rate:6.1f} tok/s"
         if _base(name) in report["formats"]:
             gb_s = report["formats"][_base(name)]["bytes_per_token"] * rate / 1e9
-            (report["formats"][name] if name in models else report["formats"][_base(name)]["compiled"])["gb_s"] = gb_s
+            (report["formats"][_base(name)]["compiled"] if name.endswith(" compiled") else report["formats"][name])["gb_s"] = gb_s
             line += f"  {gb_s:5.1f} GB/s ({100 * gb_s / report['roofline_gb_s']:3.0f} % of the roofline)"
         vs = report.get("vs_llama_cpp", {}).get(name)
         if vs:

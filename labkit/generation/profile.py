@@ -20,7 +20,7 @@ from labkit import measure
 
 from labkit.generation.stages import decode, prefill
 
-__all__ = ["step_profile", "decode_rates", "decode_timings", "pass_costs", "pass_timings", "layer_rates", "MATMUL_OPS"]
+__all__ = ["step_profile", "decode_rates", "decode_timings", "pass_costs", "pass_timings", "samples_by_name", "layer_rates", "MATMUL_OPS"]
 
 # the operators that multiply by a weight matrix: float (BLAS), packed int8/int4
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::_weight_int8pack_mm",
@@ -119,7 +119,8 @@ def pass_costs(models: dict, ids: list[int], ks=(1, 2, 3, 4, 6, 8), rounds: int 
 
 @torch.inference_mode()
 def pass_timings(models: dict, ids: list[int], ks=(1, 2, 3, 4, 6, 8), rounds: int = 5, repeat: int = 3):
-    """`pass_costs` with every sample kept: a `labkit.measure.Run` whose variants are (name, k), seconds per pass."""
+    """`pass_costs` with every sample kept: a `labkit.measure.Run` whose variants are (name, k), seconds per pass
+    (`samples_by_name(run)` gives them JSON-ready, keyed "name T(k)")."""
     ks = list(ks)
     states = {name: prefill(m, ids, max_len=len(ids) + max(ks) + 1) for name, m in models.items()}
     base = len(ids)
@@ -133,6 +134,11 @@ def pass_timings(models: dict, ids: list[int], ks=(1, 2, 3, 4, 6, 8), rounds: in
 
     fns = {(name, k): (lambda name=name, k=k: one(name, k)) for name in models for k in ks}
     return measure.run(fns, rounds=rounds, warmup=1, per=repeat, unit="pass", machine=False)
+
+
+def samples_by_name(run) -> dict:
+    """A `pass_timings` Run as JSON: {"name T(k)": samples and their summary}."""
+    return {f"{name} T({k})": t.as_dict() for (name, k), t in run.items()}
 
 
 @torch.inference_mode()
