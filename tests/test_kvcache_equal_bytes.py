@@ -120,6 +120,9 @@ def test_passkey_prompt_is_seeded_sized_and_holds_the_key_where_it_says(tok, len
     assert len(task["key"]) == 5 and task["key"].isdigit()
     i = task["key_index"]
     assert tok.decode(task["ids"][i:i + 5]) == task["key"]
+    assert len(task["key_indices"]) == 2 and task["key_indices"][0] == i  # the needle says the key twice
+    j = task["key_indices"][1]
+    assert tok.decode(task["ids"][j:j + 5]) == task["key"] and 5 < j - i < 20
     assert "pass key is" in tok.decode(task["ids"][i - 6:i])
     assert abs(i / length - task["depth"]) < 0.06  # the needle sits at its depth of the filler
     assert tok.decode(task["ids"]).count(task["key"]) == 2  # the needle says it twice, nothing else does
@@ -245,12 +248,18 @@ def test_key_kept_reads_what_each_head_holds(tok):
     short = model.new_cache("sliding", max_len=1100, window=64, sinks=4)
     feed(model, task["ids"][:i + 5 + 100], short, 50)
     assert key_kept(short, task) == 0.0
+    # a window that ends just after the second copy holds that copy only: the key is still there
+    second = model.new_cache("sliding", max_len=1100, window=16, sinks=4)
+    j = task["key_indices"][1]
+    feed(model, task["ids"][:j + 5], second, 4)
+    assert key_kept(second, task) == 1.0 and key_kept(second, task, per_digit=True) == [1.0] * 5
     wide = model.new_cache("sliding", max_len=1100, window=1100, sinks=4)
     feed(model, task["ids"], wide, 256)
     assert key_kept(wide, task) == 1.0
     h2o = model.new_cache("h2o", max_len=1100, budget=64)
     feed(model, task["ids"], h2o, 256)
     share = key_kept(h2o, task)
-    by_hand = [all(d in set(h2o.kept_positions(layer)[0, h].tolist()) for d in range(i, i + 5))
+    by_hand = [any(all(d in set(h2o.kept_positions(layer)[0, h].tolist()) for d in range(s, s + 5))
+                   for s in task["key_indices"])
                for layer in range(model.config.n_layers) for h in range(model.config.n_kv_heads)]
     assert share == pytest.approx(sum(by_hand) / len(by_hand))

@@ -55,10 +55,11 @@ def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
     return [{"prompt_len": p, "ttft_s": statistics.median(times[p])} for p in prompt_lens]
 
 
-def time_steps(model, runs: list[list], steps: int) -> list[float]:
+def time_steps(model, runs: list[list], steps: int, samples: bool = False) -> list:
     """Median seconds of a greedy decode step for each run (a list ending with its cache and its next token [1, 1],
     both updated in place), the runs interleaved step by step so that a drift of the machine's speed hits all alike.
-    `model=None`: each run starts with its own model (models compared side by side)."""
+    `model=None`: each run starts with its own model (models compared side by side). `samples`: every step's
+    seconds per run instead of the medians."""
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(steps):
         for run, t in zip(runs, times):
@@ -67,15 +68,16 @@ def time_steps(model, runs: list[list], steps: int) -> list[float]:
             logits = step(run[-1], cache=run[-2], last_only=True)
             run[-1] = logits[:, -1].argmax(-1, keepdim=True)
             t.append(clock_now() - start)
-    return [statistics.median(t) for t in times]
+    return times if samples else [statistics.median(t) for t in times]
 
 
 @torch.inference_mode()
 def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts) -> list[dict]:
-    """Median decode-step time (the ITL) at each position.
+    """Median decode-step time (the ITL) at each position, with every step's time ("samples").
 
     Prefills `position` random tokens for every position first, then times `steps` steps
-    round-robin across them, so every position sees the same machine. `cache` is a kind
+    round-robin across them, so every position sees the same machine (the samples of two positions are
+    paired step by step: `labkit.measure.Run.from_samples` and `compare`). `cache` is a kind
     name (with `cache_opts`), or a list of kinds to compare at one position each
     (rows then carry a "cache" key too).
     """
@@ -91,7 +93,8 @@ def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts
             token = torch.tensor([[int(state.logits.argmax())]])
             model.step(token, cache=state.cache)  # warm-up step (the token is the model's own: no id check, as in decode)
             runs.append([p, kind, state.cache, token])
-    rows = [{"position": run[0], "itl_s": t} for run, t in zip(runs, time_steps(model, runs, steps))]
+    rows = [{"position": run[0], "itl_s": statistics.median(t), "samples": t}
+            for run, t in zip(runs, time_steps(model, runs, steps, samples=True))]
     if isinstance(cache, (list, tuple)):
         for row, run in zip(rows, runs):
             row["cache"] = run[1]

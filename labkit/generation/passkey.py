@@ -57,7 +57,8 @@ def passkey_prompt(tok, length: int, seed: int = 0, digits: int = 5, filler: str
     """One seeded passkey prompt of about `length` tokens (chat template included).
 
     Returns {ids, key (str), depth (the share of the filler before the needle, as drawn),
-    key_index (token index of the key's first digit in ids), length (len(ids)), filler}.
+    key_index (token index of the key's first digit in ids), key_indices (every place the key stands: the needle
+    says it twice), length (len(ids)), filler}.
     """
     if not isinstance(length, int) or isinstance(length, bool) or length < 64:
         raise ValueError(f"length must be an integer >= 64 (tokens in the prompt), got {length!r}")
@@ -85,15 +86,16 @@ def passkey_prompt(tok, length: int, seed: int = 0, digits: int = 5, filler: str
         if len(ids) == length:
             break
         n_fill += length - len(ids)
-    key_index = _find(ids, tok.encode(" " + key)[-digits:])
-    return {"ids": ids, "key": key, "depth": depth, "key_index": key_index, "length": len(ids), "filler": filler}
+    found = _find_all(ids, tok.encode(" " + key)[-digits:])
+    return {"ids": ids, "key": key, "depth": depth, "key_index": found[0], "key_indices": found, "length": len(ids),
+            "filler": filler}
 
 
-def _find(ids: list[int], part: list[int]) -> int:
-    for i in range(len(ids) - len(part) + 1):
-        if ids[i:i + len(part)] == part:
-            return i
-    raise RuntimeError("the key's tokens are not in the prompt (the tokenizer merged them with a neighbour)")
+def _find_all(ids: list[int], part: list[int]) -> list[int]:
+    found = [i for i in range(len(ids) - len(part) + 1) if ids[i:i + len(part)] == part]
+    if not found:
+        raise RuntimeError("the key's tokens are not in the prompt (the tokenizer merged them with a neighbour)")
+    return found
 
 
 def score_answer(reply: str, key: str) -> bool:
@@ -103,22 +105,25 @@ def score_answer(reply: str, key: str) -> bool:
 
 
 def key_kept(cache, task: dict, per_digit: bool = False):
-    """Share of (layer, KV head) pairs whose cache still holds every token of the key (`task["key_index"]` on,
-    one token per digit), read after the prompt: 1.0 for a kind that keeps every token. `per_digit`: a list,
-    the share of pairs holding each digit's token."""
-    digits = list(range(task["key_index"], task["key_index"] + len(task["key"])))
+    """Share of (layer, KV head) pairs whose cache still holds every token of the key in at least one of the
+    places the needle says it (`task["key_indices"]`, one token per digit), read after the prompt: 1.0 for a
+    kind that keeps every token. `per_digit`: a list, the share of pairs holding each digit's token in either
+    place."""
+    n = len(task["key"])
+    starts = task.get("key_indices") or [task["key_index"]]
+    places = torch.tensor([[s + d for d in range(n)] for s in starts])  # [copies, digits]
     if not hasattr(cache, "kept_positions"):
-        return [1.0] * len(digits) if per_digit else 1.0  # contiguous, paged, quantized: nothing is evicted
+        return [1.0] * n if per_digit else 1.0  # contiguous, paged, quantized: nothing is evicted
     if cache.kind == "sliding":
-        kept = set(cache.kept_positions().tolist())
-        hits = torch.tensor([[d in kept for d in digits]])  # [1, digits]: one set for every layer and head
+        kept = cache.kept_positions()
+        hits = (kept[None, None, :] == places[..., None]).any(-1)[None]  # [1 pair, copies, digits]
     else:
-        want = torch.tensor(digits)
         held = [cache.kept_positions(layer) for layer in range(cache.config.n_layers)]  # [B, Hkv, n] each
-        hits = torch.cat([(h[..., None] == want).any(-2).reshape(-1, len(digits)) for h in held])  # [pairs, digits]
+        hits = torch.cat([(h.reshape(-1, h.shape[-1])[:, None, None, :] == places[None, ..., None]).any(-1)
+                          for h in held])  # [pairs, copies, digits]
     if per_digit:
-        return [float(x) for x in hits.float().mean(0)]
-    return float(hits.all(-1).float().mean())
+        return [float(x) for x in hits.any(1).float().mean(0)]
+    return float(hits.all(-1).any(-1).float().mean())
 
 
 @torch.inference_mode()

@@ -26,7 +26,7 @@ from labkit.speculative.decode import expected_tokens
 from labkit.speculative.mtp import MTPHead, head_step_s
 from labkit.speculative.verify import accept_sampled
 
-__all__ = ["target_pass_s", "pass_timings", "step_timings", "invariant_cost", "verification_costs", "cheapest_verifier", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
+__all__ = ["target_pass_s", "pass_timings", "step_timings", "invariant_cost", "within", "verification_costs", "cheapest_verifier", "relative_costs", "product_costs", "predicted_speedup", "round_overhead", "decomposition",
            "conditional_acceptance", "acceptance_by_position", "decay_verdict", "first_token_counts",
            "measure_speedups"]
 
@@ -106,6 +106,13 @@ def verification_costs(models: dict, ks=range(2, 10), position: int = 64, rounds
         run = pass_timings(model, [1] + ks, position=position, rounds=rounds)
         out[name] = {k: measure.compare(run[f"T({k})"], run["T(1)"]) for k in ks}
     return out
+
+
+def within(comparison, limit: float = 1.3):
+    """`labkit.measure.claim` that a pass's T(k)/T(1) (a `verification_costs` entry) is at most `limit`: holds when
+    its whole interval is, fails when none of it is, inconclusive otherwise."""
+    return measure.claim(f"T(k)/T(1) within {limit:g}x", comparison.ratio, high=limit,
+                         interval=(comparison.low, comparison.high))
 
 
 def cheapest_verifier(costs: dict, k: int, margin: float = 0.05):

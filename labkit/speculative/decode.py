@@ -15,7 +15,7 @@ maximises the expected tokens per unit time E(γ) / (γ·c + T(γ+1)) with
 E(γ) = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3.3), no training needed. γ = 0 (a plain
 step, rate 1 / T(1)) is one of its choices: where drafting cannot pay it stops drafting, and every
 `PROBE_EVERY`-th such round drafts one token to keep α measured.
-`gamma="heuristic"` is the schedule Hugging Face's assisted generation uses by default: γ grows
+`gamma="heuristic"` is Hugging Face's "heuristic" schedule (transformers 5.x defaults to "constant"): γ grows
 by 2 after a round whose drafts were all accepted and shrinks by 1 otherwise (between 1 and
 `GAMMA_MAX`); it looks at acceptance only, never at the costs.
 """
