@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from contextlib import nullcontext
 
 import torch
 
@@ -40,56 +41,46 @@ def target_pass_s(model, k: int, position: int = 64, repeat: int = 5) -> float:
 
 
 @torch.inference_mode()
+def _pass_run(passes: dict, position: int, rounds: int, warmup: int = 1):
+    """A `labkit.measure.Run` of name -> (model, k, batch-invariant?): one forward over k new tokens each, the names
+    interleaved round by round, each pass on a fresh cache after an untimed prefill of `position` tokens."""
+    from labkit.model.kernels import batch_invariant
+
+    prompt, caches = torch.zeros(1, position, dtype=torch.long), {}
+
+    def setup(name):
+        model, k, _ = passes[name]
+        caches[name] = model.new_cache(max_len=position + k + 1)
+        model(prompt, cache=caches[name])
+
+    def one(name):
+        model, k, invariant = passes[name]
+        with batch_invariant(model) if invariant else nullcontext():
+            model(torch.ones(1, k, dtype=torch.long), cache=caches[name])
+
+    return measure.run({name: (lambda name=name: one(name)) for name in passes}, rounds=rounds, warmup=warmup,
+                       setup=setup, machine=False)
+
+
 def pass_timings(model, ks, position: int = 64, rounds: int = 10, warmup: int = 1):
     """A `labkit.measure.Run` of one forward over k new tokens ("T(k)") for each k, on a cache holding `position`
     tokens: the k's interleaved round by round, the prompt's prefill untimed before every pass."""
     ks = list(ks)
     if not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
         raise ValueError(f"ks must be positive integers, got {ks!r}")
-    prompt, caches = torch.zeros(1, position, dtype=torch.long), {}
-
-    def setup(name):
-        k = int(name[2:-1])
-        caches[k] = model.new_cache(max_len=position + k + 1)
-        model(prompt, cache=caches[k])
-
-    fns = {f"T({k})": (lambda k=k: model(torch.ones(1, k, dtype=torch.long), cache=caches[k])) for k in ks}
-    return measure.run(fns, rounds=rounds, warmup=warmup, setup=setup, machine=False)
+    return _pass_run({f"T({k})": (model, k, False) for k in ks}, position, rounds, warmup)
 
 
-@torch.inference_mode()
 def step_timings(models: dict, position: int = 64, rounds: int = 8):
     """A `labkit.measure.Run` of one forward over one new token per name -> model, the models interleaved round by
     round, each pass after an untimed prefill of `position` tokens."""
-    prompt, caches = torch.zeros(1, position, dtype=torch.long), {}
-
-    def setup(name):
-        caches[name] = models[name].new_cache(max_len=position + 2)
-        models[name](prompt, cache=caches[name])
-
-    fns = {name: (lambda name=name: models[name](torch.ones(1, 1, dtype=torch.long), cache=caches[name]))
-           for name in models}
-    return measure.run(fns, rounds=rounds, warmup=1, setup=setup, machine=False)
+    return _pass_run({name: (m, 1, False) for name, m in models.items()}, position, rounds)
 
 
-@torch.inference_mode()
 def invariant_cost(model, k: int = 5, position: int = 64, rounds: int = 8):
     """A `labkit.measure.Comparison` of a k-token pass with the batch-invariant mode on against the same pass
     with the default kernels: paired rounds, each pass after an untimed prefill of `position` tokens."""
-    from labkit.model.kernels import batch_invariant
-
-    prompt, caches = torch.zeros(1, position, dtype=torch.long), {}
-
-    def setup(name):
-        caches[name] = model.new_cache(max_len=position + k + 1)
-        model(prompt, cache=caches[name])
-
-    def on():
-        with batch_invariant(model):
-            model(torch.ones(1, k, dtype=torch.long), cache=caches["mode on"])
-
-    run = measure.run({"mode on": on, "default": lambda: model(torch.ones(1, k, dtype=torch.long), cache=caches["default"])},
-                      rounds=rounds, warmup=1, setup=setup, machine=False)
+    run = _pass_run({"mode on": (model, k, True), "default": (model, k, False)}, position, rounds)
     return measure.compare(run["mode on"], run["default"])
 
 
