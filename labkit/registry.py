@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from labkit import checks
+
 __all__ = ["ModelSpec", "register", "load", "available_models", "DTYPES"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,8 +72,7 @@ def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "fl
     spec = _REGISTRY[name]
     if weights not in spec.weights:
         raise ValueError(f"weights must be one of {spec.weights} for {name!r}, got {weights!r}")
-    if not isinstance(compile, bool):
-        raise ValueError(f"compile must be True or False, got {compile!r}")
+    checks.flag("compile", compile)
     loaded = spec.loader(_as_dtype(dtype)) if weights == "float" else spec.loader(_as_dtype(dtype), weights)
     _release_freed_memory()
     if compile:

@@ -126,7 +126,7 @@ def test_early_stopping_true_stops_as_soon_as_num_beams_hypotheses_finish():
 def test_bad_arguments():
     model = TableModel(3, 4, 0)
     for bad in (0, -1, 1.5):
-        with pytest.raises(ValueError, match="num_beams must be an int >= 1"):
+        with pytest.raises(ValueError, match="num_beams must be a positive integer"):
             beam_search(model, [0], num_beams=bad)
     with pytest.raises(ValueError, match="early_stopping"):
         beam_search(model, [0], early_stopping="sometimes")

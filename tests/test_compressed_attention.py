@@ -188,7 +188,7 @@ def test_what_it_refuses():
     with pytest.raises(ValueError, match="csa_window must be at least csa_block and 2"):
         ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, ffn_dim=64, **{**CSA, "csa_block": 1, "csa_window": 1})
     from labkit.quant.apply import quantize_model
-    from labkit.serving.parallel import shard
+    from labkit.serving.studies.parallel import shard
     from labkit.speculative import PromptLookup, generate as speculative_generate
 
     with pytest.raises(ValueError, match="compressed-attention model takes method='rtn' only"):

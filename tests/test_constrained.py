@@ -15,8 +15,8 @@ import labkit
 from labkit.sampling.constrained import Constraint, make_constraint, token_automaton
 from labkit.sampling.json_schema import JSON_OBJECT, schema_to_regex
 from labkit.sampling.regex_dfa import compile_regex
-from labkit.serving.engine import Engine
-from labkit.serving.request import Request
+from labkit.serving.engine.loop import Engine
+from labkit.serving.engine.request import Request
 from labkit.sampling.pipeline import SamplingParams
 
 PATTERNS = [r"(yes|no)!", r"[0-9]{2,4}", r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", r'"([^"\\]|\\.)*"', r"a*b+c?",

@@ -181,7 +181,7 @@ def test_spill_past_dram_capacity_reads_from_the_offload_level():
     (dict(prompt_len=0), r"prompt_len must be an integer >= 1, got 0"),
     (dict(reply_len=2.5), r"reply_len must be an integer >= 1, got 2.5"),
     (dict(batch=0), r"batch must be an integer >= 1, got 0"),
-    (dict(weight_bits=0), r"weight_bits must be a number of bits between 1 and 32, got 0"),
+    (dict(weight_bits=0), r"weight_bits must be a number in \[1, 32\] \(bits per value\), got 0"),
     (dict(compute_eff=1.5), r"compute_eff must be in \(0, 1\], got 1.5"),
     (dict(kv_sram_mb=100), r"kv_sram_mb must be between 0 and phone-sd8gen3's on-chip 8 MB, got 100"),
     (dict(tp=2), r"tp must be 1 on phone-sd8gen3 \(it has no chip-to-chip link\), got 2"),

@@ -140,8 +140,8 @@ def test_the_admission_reference_is_the_static_schedulers_rule():
     # labkit's static batching reserves every slot a request can fill, first come first served: the same count
     from labkit.exercises.serving import _reference_kv_admission
     from labkit.kvcache.blocks import BlockTables
-    from labkit.serving.request import Request
-    from labkit.serving.scheduler import Scheduler
+    from labkit.serving.engine.request import Request
+    from labkit.serving.engine.scheduler import Scheduler
 
     rng = random.Random(0)
     for _ in range(200):

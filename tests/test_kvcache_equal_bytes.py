@@ -8,7 +8,7 @@ import torch
 
 from labkit.kvcache.longcontext import feed, long_perplexity, stream_nll
 from labkit.kvcache.memory import kv_bytes_per_token
-from labkit.kvcache.sizing import equal_bytes_options, full_bytes, held_bytes
+from labkit.kvcache.sizing import BOUND_OPTION, equal_bytes_options, full_bytes, held_bytes
 from labkit.metrics.likelihood import perplexity
 from tests.kvcache_shared import ids, tiny
 
@@ -42,7 +42,7 @@ def test_equal_bytes_options_hold_the_target_in_real_caches(length, fraction):
             assert real == pytest.approx(held_bytes(model.config, row["kind"], {"max_len": length, **row["options"]},
                                                     length, appended=appended if row["kind"] == "snapkv" else 0))
             if row["settable"]:  # within one held token (keys, values and the kind's bookkeeping) below the target
-                one = held_bytes(model.config, row["kind"], {"window": 1} if row["kind"] == "sliding" else {"budget": 1}, length)
+                one = held_bytes(model.config, row["kind"], {BOUND_OPTION[row["kind"]]: 1}, length)
                 assert one >= one_token
                 assert row["target_bytes"] - one < real <= row["target_bytes"], row["name"]
             assert row["fraction"] == pytest.approx(real / full_bytes(model.config, length))
@@ -81,8 +81,10 @@ def test_stream_nll_scores_every_token_once_as_the_model_without_cache():
 def test_unbounded_eviction_budget_gives_the_contiguous_perplexity():
     model, x = tiny(), ids(160, seed=3)[0].tolist()
     full = long_perplexity(model, x, "contiguous", chunk=32, tail=40)
-    for kind in ("h2o", "snapkv"):
-        got = long_perplexity(model, x, kind, {"budget": 1000}, chunk=32, tail=40)
+    for kind, bound in BOUND_OPTION.items():
+        if kind == "sliding":
+            continue
+        got = long_perplexity(model, x, kind, {bound: 1000}, chunk=32, tail=40)
         assert got["ppl"] == pytest.approx(full["ppl"], rel=1e-5), kind
         assert got["ppl_tail"] == pytest.approx(full["ppl_tail"], rel=1e-5), kind
         assert got["held"] == 160
@@ -214,8 +216,8 @@ def test_feed_traces_the_peak_and_the_feeding_can_be_swapped():
     x = ids(200, seed=5)[0].tolist()
     for kind, options, one_pass, peak, passes in [
             ("h2o", {"budget": 40}, None, 40 + 24, 9), ("h2o", {"budget": 40}, True, 200, 1),
-            ("snapkv", {"budget": 40, "window": 8}, None, 200, 1),
-            ("snapkv", {"budget": 40, "window": 8, "every_pass": True}, None, 40 + 24, 9),
+            ("snapkv", {"prompt_budget": 40, "obs_window": 8}, None, 200, 1),
+            ("snapkv", {"prompt_budget": 40, "obs_window": 8, "every_pass": True}, None, 40 + 24, 9),
             ("contiguous", {}, None, 200, 9), ("contiguous", {}, True, 200, 1)]:
         cache = model.new_cache(kind, max_len=210, **options)
         trace = {}
@@ -228,12 +230,12 @@ def test_feed_traces_the_peak_and_the_feeding_can_be_swapped():
 
 def test_snapkv_every_pass_keeps_the_window_and_the_voted_tokens_of_the_whole_text():
     model = tiny()
-    cache = model.new_cache("snapkv", max_len=210, budget=40, window=8, every_pass=True)
+    cache = model.new_cache("snapkv", max_len=210, prompt_budget=40, obs_window=8, every_pass=True)
     feed(model, ids(200, seed=5)[0].tolist(), cache, 24)
     kept = cache.kept_positions(0)
     assert kept.shape[-1] == 40 and (kept[..., -8:] == torch.arange(192, 200)).all()  # the last chunk's window
     with pytest.raises(ValueError, match="every_pass"):
-        model.new_cache("snapkv", max_len=10, budget=8, window=2, every_pass="yes")
+        model.new_cache("snapkv", max_len=10, prompt_budget=8, obs_window=2, every_pass="yes")
 
 
 def test_key_kept_reads_what_each_head_holds(tok):
@@ -263,3 +265,11 @@ def test_key_kept_reads_what_each_head_holds(tok):
                    for s in task["key_indices"])
                for layer in range(model.config.n_layers) for h in range(model.config.n_kv_heads)]
     assert share == pytest.approx(sum(by_hand) / len(by_hand))
+
+
+def test_held_bytes_names_the_option_a_kind_is_sized_by():
+    model = tiny()
+    with pytest.raises(ValueError, match=r"options of a snapkv cache must give prompt_budget=.*got \{'budget': 8\}"):
+        held_bytes(model.config, "snapkv", {"budget": 8}, 100)
+    one, two = (held_bytes(model.config, "snapkv", {"prompt_budget": b}, 100) for b in (8, 16))
+    assert two == 2 * one > 0  # the prompt's part holds prompt_budget tokens when the prompt is longer

@@ -15,7 +15,8 @@ from labkit.model import ModelConfig
 from tests.kvcache_shared import fail_second_layer_then_retry, ids, run_pieces, tiny
 
 SPLITS = [7, 1, 1, 1, 3, 1, 5, 1, 4, 1, 5]  # a prompt, decode steps and chunks: 30 tokens
-UNBOUNDED = {"h2o": {"budget": 30}, "snapkv": {"budget": 30, "window": 4}}
+UNBOUNDED = {"h2o": {"budget": 30}, "snapkv": {"prompt_budget": 30, "obs_window": 4}}
+BOUND = {"h2o": "budget", "snapkv": "prompt_budget"}  # what each kind calls its bound
 ATOL = 1e-5  # float32 logits of the same keys in the same order; measured equal to the bit
 
 
@@ -44,7 +45,7 @@ def hand_config(n_heads: int = 2) -> ModelConfig:
 def test_the_eviction_kinds_are_registered():
     assert {"h2o", "snapkv"} <= set(kinds())
     assert isinstance(tiny().new_cache(kind="h2o", budget=8), H2OCache)
-    assert isinstance(tiny().new_cache(kind="snapkv", budget=8, window=2), SnapKVCache)
+    assert isinstance(tiny().new_cache(kind="snapkv", prompt_budget=8, obs_window=2), SnapKVCache)
 
 
 @pytest.mark.parametrize("kind", UNBOUNDED)
@@ -54,7 +55,7 @@ def test_an_unbounded_budget_gives_the_contiguous_logits(kind, batch):
     x = ids(30, seed=4, batch=batch)
     reference = run_pieces(model, x, model.new_cache("contiguous", max_len=40, batch_size=batch), SPLITS)
     for budget in (30, 1000):  # exactly the sequence, and far more
-        cache = model.new_cache(kind, max_len=40, batch_size=batch, **{**UNBOUNDED[kind], "budget": budget})
+        cache = model.new_cache(kind, max_len=40, batch_size=batch, **{**UNBOUNDED[kind], BOUND[kind]: budget})
         assert torch.allclose(run_pieces(model, x, cache, SPLITS), reference, atol=ATOL, rtol=0)
         assert cache.n_cached == cache.seq_len == 30
         assert torch.equal(cache.kept_positions(1), torch.arange(30).expand(batch, 2, 30))
@@ -65,7 +66,7 @@ def test_an_unbounded_budget_decodes_the_contiguous_greedy_tokens(kind):
     model = tiny(seed=5)
     prompt = ids(12, seed=6)
     want, want_logits = greedy(model, model.new_cache("contiguous", max_len=40), prompt, 20)
-    cache = model.new_cache(kind, max_len=40, **{**UNBOUNDED[kind], "budget": 32})  # 12 + 20 tokens: all kept
+    cache = model.new_cache(kind, max_len=40, **{**UNBOUNDED[kind], BOUND[kind]: 32})  # 12 + 20 tokens: all kept
     got, got_logits = greedy(model, cache, prompt, 20)
     assert got == want
     assert torch.allclose(got_logits, want_logits, atol=ATOL, rtol=0)
@@ -78,8 +79,9 @@ def test_an_unbounded_budget_decodes_the_contiguous_greedy_tokens_of_the_shakesp
     prompt = torch.tensor([tok.encode("ROMEO:\nWhat light through yonder window breaks?")])
     n = 24
     want, want_logits = greedy(model, model.new_cache("contiguous", max_len=128), prompt, n)
-    for kind, opts in (("h2o", {}), ("snapkv", {"window": 8})):
-        cache = model.new_cache(kind, max_len=128, budget=prompt.shape[1] + n, **opts)
+    room = prompt.shape[1] + n
+    for kind, opts in (("h2o", {"budget": room}), ("snapkv", {"prompt_budget": room, "obs_window": 8})):
+        cache = model.new_cache(kind, max_len=128, **opts)
         got, got_logits = greedy(model, cache, prompt, n)
         assert got == want, kind
         assert torch.allclose(got_logits, want_logits, atol=1e-4, rtol=0), kind
@@ -136,11 +138,11 @@ def test_snapkv_keeps_what_the_observation_window_reads_per_head_by_hand():
     for head, tokens in ((0, (3, 6, 1)), (1, (5, 0, 7))):
         for token, key in zip(tokens, (100.0, 98.0, 96.0)):
             k[0, token, head, 0] = key
-    cache = SnapKVCache(hand_config(), budget=5, window=2, kernel=1)
+    cache = SnapKVCache(hand_config(), prompt_budget=5, obs_window=2, kernel=1)
     pass_through(cache, q, k)
     assert cache.kept_positions()[0].tolist() == [[1, 3, 6, 8, 9], [0, 5, 7, 8, 9]]
     assert cache.scores[0].numel() == 0  # no score outlives the prompt's pass
-    pooled = SnapKVCache(hand_config(), budget=5, window=2, kernel=3, pooling="max")
+    pooled = SnapKVCache(hand_config(), prompt_budget=5, obs_window=2, kernel=3, pooling="max")
     pass_through(pooled, q, k)
     assert pooled.kept_positions()[0].tolist() == [[2, 3, 4, 8, 9], [4, 5, 6, 8, 9]]
     for _ in range(3):  # generation is appended, nothing evicted again
@@ -151,13 +153,13 @@ def test_snapkv_keeps_what_the_observation_window_reads_per_head_by_hand():
 def test_snapkv_keeps_the_window_and_bounds_the_prompt_on_a_model():
     model = tiny(seed=9)
     x = ids(50, seed=10)
-    cache = model.new_cache("snapkv", max_len=64, budget=12, window=4)
+    cache = model.new_cache("snapkv", max_len=64, prompt_budget=12, obs_window=4)
     run_pieces(model, x, cache, [40] + [1] * 10)
     for layer in range(model.config.n_layers):
         kept = cache.kept_positions(layer)[0]  # [Hkv, 22]: 8 voted prompt tokens, the window 36..39, 10 generated
         assert kept.shape == (2, 22)
         assert bool((kept[:, :8] < 36).all()) and torch.equal(kept[:, 8:], torch.arange(36, 50).expand(2, 14))
-    short = model.new_cache("snapkv", max_len=64, budget=12, window=4)
+    short = model.new_cache("snapkv", max_len=64, prompt_budget=12, obs_window=4)
     run_pieces(model, x[:, :10], short, [10])  # a prompt within the budget is kept whole
     assert short.kept_positions()[0, 0].tolist() == list(range(10))
 
@@ -185,7 +187,7 @@ def test_evicted_keys_keep_their_true_positions():
     x = ids(30, seed=12)
     full = model.new_cache("contiguous", max_len=40)
     run_pieces(model, x, full, [20] + [1] * 10)  # the same passes: the same products, the same bits
-    for cache in (model.new_cache("h2o", max_len=40, budget=6), model.new_cache("snapkv", max_len=40, budget=6, window=2)):
+    for cache in (model.new_cache("h2o", max_len=40, budget=6), model.new_cache("snapkv", max_len=40, prompt_budget=6, obs_window=2)):
         run_pieces(model, x, cache, [20] + [1] * 10)
         kept = cache.kept_positions()  # [1, Hkv, n]
         keys, values = cache.layer_kv(0)
@@ -200,7 +202,7 @@ def test_bytes_allocated_counts_keys_values_positions_and_scores():
     c = model.config  # 2 layers, 2 KV heads, head_dim 8, float32
     per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4  # keys and values
     bookkeeping = c.n_layers * c.n_kv_heads * 4  # an int32 position (and for H2O a float32 score) per layer and head
-    h2o, snap = model.new_cache("h2o", budget=10), model.new_cache("snapkv", budget=10, window=3)
+    h2o, snap = model.new_cache("h2o", budget=10), model.new_cache("snapkv", prompt_budget=10, obs_window=3)
     assert h2o.bytes_allocated() == snap.bytes_allocated() == 0
     run_pieces(model, ids(25), h2o, [20, 1, 1, 1, 1, 1])
     run_pieces(model, ids(25), snap, [20, 1, 1, 1, 1, 1])
@@ -215,7 +217,7 @@ def test_bytes_allocated_counts_keys_values_positions_and_scores():
 def test_a_pass_that_fails_midway_leaves_the_cache_as_it_was():
     model = tiny()
     x = ids(30)
-    for kind, opts in (("h2o", {"budget": 8}), ("snapkv", {"budget": 8, "window": 2})):
+    for kind, opts in (("h2o", {"budget": 8}), ("snapkv", {"prompt_budget": 8, "obs_window": 2})):
         cache, after, retried, reference = fail_second_layer_then_retry(model, x, kind, opts)
         assert after == (13, 8) and torch.equal(retried, reference)
         with pytest.raises(RuntimeError, match="needs every layer's keys"):
@@ -224,18 +226,21 @@ def test_a_pass_that_fails_midway_leaves_the_cache_as_it_was():
 
 
 @pytest.mark.parametrize("kind,opts,message", [
-    ("h2o", {}, r"budget must be an integer >= 1 \(tokens kept per layer and KV head\), got None"),
-    ("h2o", {"budget": 0}, "budget must be an integer >= 1.*got 0"),
-    ("h2o", {"budget": 2.5}, "budget must be an integer >= 1.*got 2.5"),
-    ("h2o", {"budget": True}, "budget must be an integer >= 1.*got True"),
+    ("h2o", {}, r"budget must be a positive integer \(tokens kept per layer and KV head\), got None"),
+    ("h2o", {"budget": 0}, "budget must be a positive integer.*got 0"),
+    ("h2o", {"budget": 2.5}, "budget must be a positive integer.*got 2.5"),
+    ("h2o", {"budget": True}, "budget must be a positive integer.*got True"),
     ("h2o", {"budget": 8, "recent": 0}, r"recent must be an integer in \[1, 8\].*got 0"),
     ("h2o", {"budget": 8, "sinks": 4, "recent": 5}, r"recent must be an integer in \[1, 4\] \(budget - sinks.*got 5"),
     ("h2o", {"budget": 4, "sinks": 4}, r"sinks must be an integer in \[0, 3\].*got 4"),
-    ("snapkv", {"budget": -3}, "budget must be an integer >= 1.*got -3"),
-    ("snapkv", {"budget": 32}, r"window must be an integer in \[1, 31\] \(below budget=32.*got 32"),
-    ("snapkv", {"budget": 8, "window": 2, "kernel": 4}, "kernel must be odd.*got 4"),
-    ("snapkv", {"budget": 8, "window": 2, "kernel": 0}, "kernel must be an integer >= 1, got 0"),
-    ("snapkv", {"budget": 8, "window": 2, "pooling": "sum"}, r"pooling must be one of \['avg', 'max'\], got 'sum'"),
+    ("snapkv", {"prompt_budget": -3}, "prompt_budget must be a positive integer.*got -3"),
+    ("snapkv", {"prompt_budget": 32}, r"obs_window must be an integer in \[1, 31\] \(below prompt_budget=32.*got 32"),
+    ("snapkv", {"prompt_budget": 8, "obs_window": 2, "kernel": 4}, "kernel must be odd.*got 4"),
+    ("snapkv", {"prompt_budget": 8, "obs_window": 2, "kernel": 0}, "kernel must be a positive integer, got 0"),
+    ("snapkv", {"prompt_budget": 8, "obs_window": 2, "pooling": "sum"},
+     r"pooling must be one of \('avg', 'max'\), got 'sum'"),
+    ("snapkv", {"budget": 8}, r"snapkv has no budget=; it is prompt_budget= \(the bound on the prompt's part.*got budget=8"),
+    ("snapkv", {"prompt_budget": 8, "window": 2}, r"snapkv has no window=; it is obs_window= \(the queries that vote\), got window=2"),
 ])
 def test_bad_options_raise_value_errors_that_name_the_value(kind, opts, message):
     with pytest.raises(ValueError, match=message):

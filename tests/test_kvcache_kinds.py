@@ -83,7 +83,7 @@ def test_prompt_longer_than_the_cache_is_a_clear_error_and_the_cache_stays_usabl
 @pytest.mark.parametrize("kind,opts,message", [
     ("sliding", {"window": 4, "sinks": 4}, "window must be larger than sinks.*window=4 and sinks=4"),
     ("sliding", {"window": 3, "sinks": 4}, "window must be larger than sinks"),
-    ("sliding", {"window": 8, "sinks": -1}, "sinks must be an integer >= 0, got -1"),
+    ("sliding", {"window": 8, "sinks": -1}, "sinks must be a non-negative integer, got -1"),
     ("sliding", {"window": 1000}, "window must be at most the context window 256"),
     ("paged", {"block_size": 0}, "block_size must be a positive integer, got 0"),
     ("paged", {"block_size": -4}, "block_size must be a positive integer, got -4"),

@@ -18,7 +18,7 @@ PKG = ROOT / "labkit"
 
 # Bottom first. Packages on one row are one layer: they may use each other (cycles are still refused).
 LAYERS = [
-    {"data", "measure"},
+    {"data", "measure", "checks"},
     {"metrics"},
     {"tokenizer"},
     {"quant"},
@@ -37,7 +37,7 @@ PLOTTING = {"plotly", "ipywidgets", "anywidget", "IPython", "matplotlib"}
 # The cost and power models are pure functions of a config and a profile: of the layers
 # below them they may read only the data files and the model's config (its shapes).
 PURE = {"costmodel", "power"}
-PURE_MAY_IMPORT = {"data", "measure", "costmodel", "power", "labkit.model.config"}
+PURE_MAY_IMPORT = {"data", "measure", "checks", "costmodel", "power", "labkit.model.config"}
 
 
 def module_name(path: Path) -> str:
@@ -56,6 +56,8 @@ MODULES = modules()
 
 def package_of(module: str) -> str:
     parts = module.split(".")
+    if module == "labkit.checks":  # the argument checks: a module at the top, in the bottom layer
+        return "checks"
     if len(parts) == 1 or f"labkit.{parts[1]}" not in MODULES or not (PKG / parts[1]).is_dir():
         return "<face>"
     return parts[1]
@@ -159,7 +161,7 @@ def violations(g) -> list[str]:
 
 
 def test_every_package_has_a_layer():
-    packages = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    packages = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()} | {"checks"}
     assert packages - set(RANK) == set(), "add the new package to LAYERS (and to CONTRIBUTING.md)"
 
 
@@ -189,13 +191,43 @@ def test_files_stay_small():
 
 def test_top_level_keeps_only_the_face():
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "_collect.py", "cli.py", "doctor.py", "registry.py"]
+    assert top == ["__init__.py", "__main__.py", "_collect.py", "checks.py", "cli.py", "doctor.py", "registry.py"]
 
 
-@pytest.mark.parametrize("init", sorted(PKG.glob("*/__init__.py")), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("init", sorted(PKG.rglob("*/__init__.py")), ids=lambda p: str(p.parent.relative_to(PKG)))
 def test_package_faces_hold_no_logic(init):
     """A package's __init__ hands on names: imports, __all__, a docstring; no functions or classes."""
     tree = ast.parse(init.read_text())
     logic = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
     allowed = {"__getattr__", "__dir__"}  # the collected packages (viz, widgets, exercises) resolve names lazily
     assert [n.name for n in logic if n.name not in allowed] == []
+
+
+# Serving's three parts import in one direction: the studies and the HTTP face use the engine, never the reverse.
+SERVING_MAY_IMPORT = {"engine": {"engine"}, "http": {"engine", "http"}, "studies": {"engine", "studies"}}
+
+
+def serving_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["labkit", "serving"] else None
+
+
+def test_serving_parts_import_in_one_direction():
+    wrong = []
+    for name, deps in graph().items():
+        here = serving_part(name)
+        if here is None:
+            continue
+        for dep, line in deps:
+            there = serving_part(dep)
+            if there is not None and there not in SERVING_MAY_IMPORT[here]:
+                wrong.append(f"{MODULES[name].relative_to(ROOT)}:{line}: serving.{here} imports {dep}")
+    assert wrong == []
+    top = sorted(p.name for p in (PKG / "serving").iterdir() if p.name != "__pycache__")
+    assert top == ["__init__.py", "engine", "http", "studies"]
+
+
+def test_the_serving_check_sees_a_wrong_direction():
+    assert serving_part("labkit.serving.engine.loop") == "engine"
+    assert "studies" not in SERVING_MAY_IMPORT[serving_part("labkit.serving.engine.loop")]
+    assert serving_part("labkit.serving") is None and serving_part("labkit.model.transformer") is None

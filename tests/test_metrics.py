@@ -28,7 +28,7 @@ def test_windows_cover_every_token_once_and_equal_the_full_pass_when_they_fit():
     assert metrics.nll(model, x, window=2, stride=1) == pytest.approx(bigram, rel=1e-5)
     strided = metrics.nll(model, x, window=16, stride=8)
     assert full * 0.5 < strided < full * 2  # some context lost, same order
-    with pytest.raises(ValueError, match=r"stride must be an integer in \[1, window=16\]"):
+    with pytest.raises(ValueError, match=r"stride must be an integer in \[1, 16\] \(at most the window\)"):
         metrics.nll(model, x, window=16, stride=20)
 
 

@@ -151,7 +151,7 @@ def test_bad_settings_name_the_parameter():
         sched.add(Request(1, list(range(60)), 20))
     with pytest.raises(ValueError, match="max_new_tokens"):
         Request(2, [1], 0)
-    with pytest.raises(ValueError, match="seed of request 3 must be an integer or None, got 'abc'"):
+    with pytest.raises(ValueError, match="seed of request 3 must be None or an integer, got 'abc'"):
         Request(3, [1], 2, seed="abc")
     with pytest.raises(TypeError, match=r"unknown sampling parameter\(s\): \['temp'\]"):
         Request(4, [1], 2, params={"temp": 0.5})

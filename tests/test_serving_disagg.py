@@ -7,7 +7,7 @@ import torch
 
 from labkit.kvcache.batch import PagedBatch
 from labkit.serving import Engine, Request, Status, fresh, studies, summarize
-from labkit.serving.disagg import replay_disaggregated
+from labkit.serving.studies.disagg import replay_disaggregated
 from tests.kvcache_shared import TINY, tiny
 
 LINK = 1e6  # bytes/s: slow, so the modelled wire time is large next to a tiny model's passes

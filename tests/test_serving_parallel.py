@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from labkit.model import ModelConfig, Transformer
-from labkit.serving._dist import load_named
-from labkit.serving.parallel import (AllReduceLinear, run_data_parallel, run_disaggregated, run_tensor_parallel,
+from labkit.serving.studies._dist import load_named
+from labkit.serving.studies.parallel import (AllReduceLinear, run_data_parallel, run_disaggregated, run_tensor_parallel,
                                      shard)
 
 needs_dist = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
@@ -63,7 +63,7 @@ def test_shard_refuses_what_does_not_divide():
     odd_ffn = Transformer(ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=7))
     with pytest.raises(ValueError, match="ffn_dim=7"):
         shard(odd_ffn, 0, 2)
-    with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\).*got 2"):
+    with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 1\] \(world=2\), got 2"):
         shard(odd_ffn, 2, 2)
 
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from labkit.serving import Request, passcost, studies
+from labkit.serving import Request, studies
+from labkit.serving.studies import passcost
 from tests.kvcache_shared import tiny
 
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import labkit
-from labkit.serving.server import Server
+from labkit.serving.http.server import Server
 
 MODEL = "shakespeare"
 

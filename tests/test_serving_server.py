@@ -12,7 +12,7 @@ import torch
 
 import labkit
 from labkit.sampling.pipeline import SamplingParams, sample_next
-from labkit.serving.server import Server
+from labkit.serving.http.server import Server
 
 MODEL = "shakespeare"
 
@@ -184,7 +184,7 @@ def test_the_server_binds_this_machine_unless_told_otherwise():
 def test_chat_content_with_special_token_text_stays_text():
     from types import SimpleNamespace
 
-    from labkit.serving.openai_api import parse_chat
+    from labkit.serving.http.openai_api import parse_chat
     from tests.smollm2_shared import smollm2
 
     _, tok = smollm2()

@@ -10,11 +10,11 @@ import torch
 
 from labkit.kvcache.batch import PagedBatch
 from labkit.serving import Engine, Request
-from labkit.serving import specload
-from labkit.serving.budget import LoadAware
-from labkit.serving.engine import Replay, Step
-from labkit.serving.recorded import RecordedModel
-from labkit.serving.trace import summarize
+from labkit.serving.studies import specload
+from labkit.serving.engine.budget import LoadAware
+from labkit.serving.engine.loop import Replay, Step
+from labkit.serving.studies.recorded import RecordedModel
+from labkit.serving.studies.trace import summarize
 from labkit.viz.serving import spec_load_figure
 from tests.test_serving_speculative import shakespeare  # noqa: F401  (the fixture)
 
@@ -165,3 +165,11 @@ def test_the_workload_and_trace_check_their_arguments(recorded):
     burst = specload.trace(recorded, float("inf"), copies=2)
     assert len(burst) == 2 * len(recorded["prompts"]) and {r.arrival for r in burst} == {0.0}
     assert torch.tensor([len(r.prompt) for r in burst]).min() > 0
+
+
+def test_the_load_aware_budget_names_its_recent_passes_and_refuses_the_old_name():
+    assert LoadAware(recent_passes=4).passes.maxlen == 4
+    with pytest.raises(ValueError, match="LoadAware has no window=; it is recent_passes=.*got window=8"):
+        LoadAware(window=8)
+    with pytest.raises(ValueError, match="recent_passes must be a positive integer, got 0"):
+        LoadAware(recent_passes=0)

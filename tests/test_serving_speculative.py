@@ -15,7 +15,7 @@ from labkit.kvcache.blocks import BlockTables, hash_block
 from labkit.model import ModelConfig
 from labkit.model.transformer import Transformer
 from labkit.serving import Engine, Request
-from labkit.serving.budget import BatchCap, Fixed, LoadAware, Off, spec_budget
+from labkit.serving.engine.budget import BatchCap, Fixed, LoadAware, Off, spec_budget
 from labkit.speculative import DraftModel, PromptLookup
 from tests.test_serving import block_invariants
 
@@ -223,7 +223,7 @@ def test_sampled_replies_are_exact_in_distribution(tiny, draft_tiny, kind):
 
 
 def test_the_chi2_test_catches_a_verifier_that_forgets_the_residual(tiny, draft_tiny, monkeypatch):
-    import labkit.serving.speculate as speculate
+    import labkit.serving.engine.speculate as speculate
 
     def wrong(p, q, draft, generator):  # after a rejection, draw from p itself: biased towards the drafted token
         for i in range(draft.numel()):
@@ -338,7 +338,7 @@ def test_a_speculating_server_reports_accepted_and_drafted_tokens(shakespeare):
 
     import openai
 
-    from labkit.serving.server import Server
+    from labkit.serving.http.server import Server
 
     model, tok = shakespeare
     text = "But soft, what light through yonder window breaks? " * 4

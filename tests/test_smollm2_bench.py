@@ -42,16 +42,16 @@ def test_llama_cpp_peer_decodes_the_same_file_when_installed():
     import pytest
 
     pytest.importorskip("llama_cpp")
-    from labkit.benchmarks import _peers
+    from labkit.benchmarks import peers
     from labkit.data import paths
 
     try:
         paths.smollm2_gguf_path()
     except FileNotFoundError:
         pytest.skip("SmolLM2 is not installed")
-    llm = _peers.load_llama_cpp(n_ctx=128)
+    llm = peers.load_llama_cpp(n_ctx=128)
     ids = llm.tokenize(b"The capital of France is", add_bos=False)
-    assert _peers.llama_cpp_prefill(llm, ids) > 0 and _peers.llama_cpp_decode(llm, ids, 3) > 0
+    assert peers.llama_cpp_prefill(llm, ids) > 0 and peers.llama_cpp_decode(llm, ids, 3) > 0
     assert llm.n_tokens == len(ids) + 3
 
 

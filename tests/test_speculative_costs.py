@@ -73,9 +73,9 @@ def test_bad_arguments_are_named_not_answered_with_zero(tmp_path):
     from labkit.speculative.headfile import load_head
     from tests.kvcache_shared import tiny
 
-    with pytest.raises(ValueError, match="gamma must be an integer >= 0"):
+    with pytest.raises(ValueError, match="gamma must be a non-negative integer"):
         expected_tokens(0.5, -1)
-    with pytest.raises(ValueError, match="gamma must be an integer >= 1"):
+    with pytest.raises(ValueError, match="gamma must be a positive integer"):
         predicted_speedup(0.6, -1, 0.1)
     with pytest.raises(ValueError, match=r"t_rel must hold T\(5\)/T\(1\) for gamma=4.*k = \[1, 2\]"):
         predicted_speedup(0.6, 4, 0.1, t_rel={1: 1.0, 2: 1.1})

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 
 __all__ = ["linear_shapes", "product_times", "calibrate", "ROWS", "run"]
@@ -49,7 +50,7 @@ def _config_name(config) -> str:
 
 def _check(rows, seconds, megabytes) -> tuple[int, ...]:
     rows = tuple(rows)
-    if not rows or any(not (isinstance(r, int) and not isinstance(r, bool) and r >= 1) for r in rows):
+    if not rows or any(not (checks.is_int(r) and r >= 1) for r in rows):
         raise ValueError(f"rows must be a non-empty list of integers >= 1, got {rows!r}")
     if not (isinstance(seconds, (int, float)) and seconds > 0):
         raise ValueError(f"seconds must be > 0, got {seconds!r}")

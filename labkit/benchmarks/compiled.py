@@ -3,7 +3,7 @@
 A shorter companion to `labkit bench --only step` (which compiles every format): run it under
 each instruction set (`scripts/isa_env.sh`) to see whether compiling pays there. For each
 format: compile time cold and from the cache, kernels a step, greedy tokens against eager's,
-where the compiled step's time goes (`_compiled.compiled_profile`: products, other operators,
+where the compiled step's time goes (`step_compiled.compiled_profile`: products, other operators,
 the generated program, Dynamo's entry, the rest), T(k) / T(1) eager and compiled side by side,
 and decode tokens/s in interleaved rounds with llama.cpp on the same GGUF file (when the
 `peers` extra is installed). `--json data/compiled_bench.json` writes the file chapter 03 reads.
@@ -18,7 +18,7 @@ def run(quick: bool = False) -> dict:
     import torch
 
     import labkit
-    from labkit.benchmarks._compiled import Toggle, compile_format, compiled_profile
+    from labkit.benchmarks.step_compiled import Toggle, compile_format, compiled_profile
     from labkit.benchmarks.step import PROMPT, SPECS, _formats, peer_rates
     from labkit.benchmarks.workers import compile_times
     from labkit.costmodel.cpu import emulated_isa

@@ -12,7 +12,7 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 def run(quick: bool = False) -> dict:
     import torch
 
-    from labkit.benchmarks._models import load_or_skip
+    from labkit.benchmarks.loading import load_or_skip
     from labkit.generation import latency
 
     model, tok, skipped = load_or_skip("smollm2-135m")
@@ -68,7 +68,7 @@ def compression_tables(model, tok, plan: dict) -> dict:
 
     ITL is measured at every position of `plan["positions"]` for the first budget, at L for the others.
     """
-    from labkit.benchmarks._models import source_ids
+    from labkit.benchmarks.loading import source_ids
     from labkit.generation.compression import compare_at_budget
     from labkit.generation.passkey import passkey_accuracy
 

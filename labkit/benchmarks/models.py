@@ -51,7 +51,7 @@ def run(quick: bool = False) -> dict:
     from labkit.data import paths
     from labkit.model.checkpoint import load_model, read_header
 
-    from labkit.benchmarks._models import load_or_skip
+    from labkit.benchmarks.loading import load_or_skip
 
     target, tok, skipped = load_or_skip("shakespeare")
     draft, _, skipped = (None, None, skipped) if skipped else load_or_skip("shakespeare-draft")

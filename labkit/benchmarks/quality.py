@@ -24,7 +24,7 @@ def _one_model(name: str, quick: bool) -> dict:
     import torch
 
     import labkit
-    from labkit.benchmarks._models import load_or_skip
+    from labkit.benchmarks.loading import load_or_skip
     from labkit.quant import sweep
 
     model, tok, skipped = load_or_skip(name)

@@ -56,7 +56,7 @@ def _contenders(bf16):
     import torch
 
     import labkit
-    from labkit.benchmarks import _peers
+    from labkit.benchmarks import peers
     from labkit.benchmarks.smollm2 import load_transformers
     from labkit.quant import intdot, model_nbytes, quantize_model
 
@@ -78,12 +78,12 @@ def _contenders(bf16):
         if peer is None:
             print("  transformers (+ accelerate) is not installed: no transformers rows")
             break
-        out[f"transformers {like}"] = (_transformers_decode, _peers.transformers_prefill, peer, out[like][3])
-    llm = _peers.load_llama_cpp()
+        out[f"transformers {like}"] = (_transformers_decode, peers.transformers_prefill, peer, out[like][3])
+    llm = peers.load_llama_cpp()
     if llm is None:
         print("  llama-cpp-python is not installed (pip install -e '.[peers]'): no llama.cpp row")
     else:
-        out["llama.cpp Q4_1"] = (_peers.llama_cpp_decode, _peers.llama_cpp_prefill, llm, out["GGUF Q4_1 as stored"][3])
+        out["llama.cpp Q4_1"] = (peers.llama_cpp_decode, peers.llama_cpp_prefill, llm, out["GGUF Q4_1 as stored"][3])
     return out, tok
 
 

@@ -7,7 +7,7 @@ clock (each step's real wall time; idle gaps skipped). Targets are printed as me
 """
 from __future__ import annotations
 
-from labkit.benchmarks._models import source_ids  # noqa: F401  (chapter 09 imports it from here)
+from labkit.benchmarks.loading import source_ids  # noqa: F401  (chapter 09 imports it from here)
 
 TITLE = ("Serving: static vs continuous vs chunked batching, decode vs batch, chunked prefill, prefix caching, endpoint, "
          "TP/DP/disaggregation, speculation budgets under load")
@@ -43,7 +43,7 @@ def modelled_policies(trace_opts: dict, config="llama-2-7b", hw="h100-sxm", max_
     """The same policies on a GPU: the scheduler with the cost model's pass times (no model runs)."""
     from labkit.costmodel import pass_time
     from labkit.serving import fresh, poisson_trace, summarize
-    from labkit.serving.studies import simulate
+    from labkit.serving.studies.sweeps import simulate
 
     trace = poisson_trace(source=list(range(1, 4096)), **trace_opts)
 
@@ -71,10 +71,10 @@ def _print_policies(rows: dict, label: str) -> None:
 def run(quick: bool = False) -> dict:
     import torch
 
-    from labkit.benchmarks._models import load_or_skip
+    from labkit.benchmarks.loading import load_or_skip
     from labkit.costmodel import compare_plans, cost_per_million_tokens, critical_batch, decode_throughput, this_machine
     from labkit.costmodel.serving import LLAMA3_70B
-    from labkit.serving.studies import batch_sweep, prefill_interference
+    from labkit.serving.studies.sweeps import batch_sweep, prefill_interference
 
     model, tok, skipped = load_or_skip("smollm2-135m")
     if skipped:
@@ -130,7 +130,7 @@ def run(quick: bool = False) -> dict:
     report["prefill_interference"] = rows
 
     # 4. automatic prefix caching: a 1,000-token system prompt shared by every request
-    from labkit.serving.studies import shared_prefix
+    from labkit.serving.studies.sweeps import shared_prefix
     system = source[:256 if quick else 1000]
     questions = [source[5000 + 40 * i: 5000 + 40 * i + 16] for i in range(4 if quick else 8)]
     pc = shared_prefix(model, system, questions)
@@ -146,7 +146,7 @@ def run(quick: bool = False) -> dict:
     import numpy as np
 
     from labkit.serving import Request
-    from labkit.serving.studies import routing
+    from labkit.serving.studies.sweeps import routing
     rng = np.random.default_rng(1)
     n_req = 8 if quick else 24
     long_p, short_p = (256, 16) if quick else (512, 24)
@@ -161,7 +161,7 @@ def run(quick: bool = False) -> dict:
               f"{sm['ttft_p50_s']:.2f} s, p99 {sm['ttft_p99_s']:.2f} s; throughput {sm['throughput_tok_s']:.1f} tok/s")
 
     # 6. disaggregated prefill (DistServe, Splitwise): two workers co-located vs one prefill + one decode engine
-    from labkit.serving.studies import disaggregation
+    from labkit.serving.studies.sweeps import disaggregation
     sizes = dict(long_prompt=256, reply=16) if quick else {}
     dg = disaggregation(model, source=source, **sizes)
     report["disaggregation"] = dg
@@ -182,7 +182,7 @@ def run(quick: bool = False) -> dict:
           f"{_mark(dis['itl_during_p99_s'] <= 1.5 * dis['itl_p50_s'])}; replies identical three ways: {dg['same_outputs']}")
 
     # 7. the endpoint, 8. two processes, 9. paper
-    from labkit.benchmarks._serving_live import endpoint, two_processes
+    from labkit.benchmarks.serving_live import endpoint, two_processes
     report["endpoint"] = endpoint(model, tok, quick)
     report["two_processes"] = two_processes(quick)
     plans = {b: compare_plans(LLAMA3_70B, "h100-sxm", batch=b) for b in (64, 512)}
@@ -201,6 +201,6 @@ def run(quick: bool = False) -> dict:
           f"{report['cost_per_million']['h100_llama2_7b_batch64']:.3f}")
 
     # 10. speculation inside the engine, under load (each budget across an arrival-rate sweep)
-    from labkit.benchmarks._serving_spec import section
+    from labkit.benchmarks.serving_spec import section
     report["speculation"] = section(model, tok, quick)
     return report

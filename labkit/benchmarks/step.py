@@ -14,7 +14,7 @@ GGUF file's own Q4_1 blocks:
   rounds, with llama.cpp on the same GGUF file when the `peers` extra is installed and the
   streaming-read roofline sampled in every round (float32's share of it);
 - not with `--quick`: every format's step as one compiled program (`Transformer.compile_step`,
-  `labkit.benchmarks._compiled`): compile time cold and from the cache, kernels launched per
+  `labkit.benchmarks.step_compiled`): compile time cold and from the cache, kernels launched per
   step against the eager operator calls, whether 64 greedy tokens equal eager's, and the
   compiled step in the same interleaved T(k) and tok/s runs as the eager one (rows
   "<format> compiled"); the generated RMSNorm, RoPE and SwiGLU kernels. Minutes of compiling.
@@ -119,7 +119,7 @@ def _base(name: str) -> str:
 def _compile_all(models: dict, ids: list[int], report: dict) -> dict:
     """Compile every format (cold, then from the cache), print what it launches; the eager and compiled
     steps of each format to time side by side. Without a C++ compiler: the eager steps, and why."""
-    from labkit.benchmarks._compiled import Toggle, compile_format, kernel_excerpts
+    from labkit.benchmarks.step_compiled import Toggle, compile_format, kernel_excerpts
     from labkit.model.compiled import compiler_problem
 
     why = compiler_problem()

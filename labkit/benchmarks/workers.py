@@ -2,7 +2,7 @@
 
 Two runtimes in one process disturb each other: torch's OpenMP pool and llama.cpp's threads both
 keep spinning for a while after their work, so whichever runs next shares the cores with a spinning
-pool (measured on a 2-core Zen 5: llama.cpp 125.8 tok/s inside labkit's process, 160-169 alone). So
+pool and runs slower than it does alone (the chapters and `data/` record by how much, with the CPU). So
 a comparison here starts one long-lived **worker** process per side. A worker builds its model
 once (and compiles it, if asked), says it is ready, then runs one timed round each time the parent
 asks. The parent asks the sides in turn, round after round, and waits `settle_s` between turns so
@@ -37,7 +37,7 @@ SIDES = ("labkit", "llama.cpp")
 def _build(spec: dict):
     """The child's side: a callable run(ids, n) -> seconds per token, and what building it cost."""
     if spec["side"] == "llama.cpp":
-        from labkit.benchmarks._peers import llama_cpp_decode, load_llama_cpp
+        from labkit.benchmarks.peers import llama_cpp_decode, load_llama_cpp
 
         llm = load_llama_cpp()
         if llm is None:

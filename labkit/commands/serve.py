@@ -18,7 +18,7 @@ def _spec_budget(text: str):
     """A speculation budget by name, checked here so that a bad value is an argparse error naming the flag."""
     import argparse
 
-    from labkit.serving.budget import spec_budget
+    from labkit.serving.engine.budget import spec_budget
 
     try:
         spec_budget(text)
@@ -28,7 +28,7 @@ def _spec_budget(text: str):
 
 
 def add_parser(sub):
-    from labkit.serving.server import DEFAULT_KV_MEMORY
+    from labkit.serving.http.server import DEFAULT_KV_MEMORY
 
     p = sub.add_parser("serve", help="serve a model over HTTP on 127.0.0.1 (OpenAI chat-completions format)")
     p.add_argument("--model", default="smollm2-135m", help="a name from labkit.available_models() (default: %(default)s)")
@@ -84,7 +84,7 @@ def port_taken(host: str, port: int) -> bool:
 
 def run(args, ready=None) -> int:
     import labkit
-    from labkit.serving.server import Server
+    from labkit.serving.http.server import Server
 
     if args.speculative in HEADS:
         print(f"labkit serve: --speculative {args.speculative} is not served: a drafting head reads the target's hidden "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from labkit import checks
 from labkit.costmodel.profiles import HARDWARE, Hardware, hardware, precision_for
 from labkit.costmodel.roofline import PhaseTime, phase_time
 from labkit.costmodel.workload import ModelShape, bits_per_element, check_lengths, decode_work, kv_bytes_per_token, prefill_work
@@ -30,8 +31,7 @@ def check_settings(hw: Hardware, *, batch=1, weight_bits=16, kv_bits=16, act_bit
     """Raise a ValueError naming the first setting outside what the model allows."""
     check_lengths(batch=(batch, 1), tp=(tp, 1))
     for name, bits in (("weight_bits", weight_bits), ("kv_bits", kv_bits), ("act_bits", act_bits)):
-        if not (isinstance(bits, (int, float)) and not isinstance(bits, bool) and 1 <= bits <= 32):
-            raise ValueError(f"{name} must be a number of bits between 1 and 32, got {bits!r}")
+        checks.number(name, bits, 1, 32, why="bits per value")
     for name, eff in (("compute_eff", compute_eff), ("mem_eff", mem_eff)):
         if eff is not None and not (isinstance(eff, (int, float)) and 0 < eff <= 1):
             raise ValueError(f"{name} must be in (0, 1], got {eff!r}")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit import checks
 from labkit.model.config import ModelConfig, kv_bytes
 
 __all__ = ["KVLayout", "LAYOUTS", "layout_bytes", "ratio_at", "tokens_for_bytes", "gpt3_175b"]
@@ -84,8 +85,7 @@ def layout_bytes(name: str, n_tokens: int, bf16: bool = False) -> float:
     """KV bytes of one sequence of `n_tokens` for layout `name` (`LAYOUTS`); `bf16`: every value in BF16."""
     if name not in LAYOUTS:
         raise ValueError(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}")
-    if not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or n_tokens < 0:
-        raise ValueError(f"n_tokens must be a non-negative integer, got {n_tokens!r}")
+    checks.integer("n_tokens", n_tokens, 0)
     lay = LAYOUTS[name]
     total, n_layers = 0.0, 0
     for count, merged, entry, index in (lay.bf16 if bf16 else lay.layers):
@@ -98,8 +98,7 @@ def layout_bytes(name: str, n_tokens: int, bf16: bool = False) -> float:
 
 def ratio_at(name: str, baseline: str, n_tokens: int, bf16: bool = False) -> float:
     """KV bytes of `name` over `baseline` at `n_tokens` (both in their published dtypes, or both in BF16)."""
-    if not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or n_tokens < 1:
-        raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}")
+    checks.positive_int("n_tokens", n_tokens)
     return layout_bytes(name, n_tokens, bf16) / layout_bytes(baseline, n_tokens, bf16)
 
 

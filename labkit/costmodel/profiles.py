@@ -13,12 +13,12 @@ a source, kept here in `Hardware.provenance`. "this-machine" is measured with
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from labkit import checks
 from labkit.costmodel.dvfs import PowerState, VFTable
 
 __all__ = ["Hardware", "HARDWARE", "hardware", "this_machine", "profile_table", "PRECISIONS", "precision_for"]
@@ -92,14 +92,13 @@ class Hardware:
         nonneg = ("onchip_mb", "link_bw_gbs", "link_latency_us", "p_idle_w", "p_base_w", "p_static_w",
                   "p_clock_w", "p_mem_bg_w", "dvfs_latency_us", "graph_load_ms", "hysteresis_ms")
         for name in positive + unit + nonneg:
-            value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            if name in positive and not (ok and value > 0):
-                raise ValueError(f"{self.key}: {name} must be a positive number, got {value!r}")
-            if name in unit and not (ok and 0 < value <= 1):
-                raise ValueError(f"{self.key}: {name} must be in (0, 1], got {value!r}")
-            if name in nonneg and not (ok and value >= 0):
-                raise ValueError(f"{self.key}: {name} must be a number >= 0, got {value!r}")
+            value, where = getattr(self, name), f"{self.key}: {name}"
+            if name in positive:
+                checks.positive(where, value)
+            elif name in unit:
+                checks.number(where, value, 0, 1, low_open=True)
+            else:
+                checks.number(where, value, 0)
             object.__setattr__(self, name, float(value))
         if not any(self.peak_tflops.get(p) for p in PRECISIONS):
             raise ValueError(f"{self.key}: peak_tflops must give a positive rate for at least one of {PRECISIONS}, got {self.peak_tflops!r}")
@@ -168,7 +167,7 @@ class Hardware:
 
 def _check_eff_rows(key: str, table) -> tuple:
     pairs = tuple(tuple(p) for p in table)
-    ok = all(len(p) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+    ok = all(len(p) == 2 and all(checks.is_number(v) for v in p)
              and p[0] >= 1 and 0 < p[1] <= 1 for p in pairs)
     if not ok or [p[0] for p in pairs] != sorted({p[0] for p in pairs}):
         raise ValueError(f"{key}: compute_eff_rows must be (rows >= 1, efficiency in (0, 1]) pairs with rows "

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 
+from labkit import checks
 from labkit.costmodel.estimator import check_settings, estimate
 from labkit.costmodel.profiles import hardware
 from labkit.costmodel.roofline import phase_time
@@ -167,18 +168,13 @@ def pass_time(config, hw, n_tokens: int, cached_tokens: int = 0, **settings) -> 
     chunk's attention to itself is charged as if it were one prompt), close where the linear layers
     dominate, which they do at the lengths a serving trace has.
     """
-    _positive_int("n_tokens", n_tokens)
+    checks.positive_int("n_tokens", n_tokens)
     if not (isinstance(cached_tokens, int) and cached_tokens >= 0):
         raise ValueError(f"cached_tokens must be an integer >= 0, got {cached_tokens!r}")
     hw = hardware(hw)
     est = estimate(config, hw, prompt_len=n_tokens, reply_len=1, **settings)
     mem_eff = settings.get("mem_eff") or hw.mem_eff
     return est.prefill_s + cached_tokens * est.kv_bytes_per_token / (hw.mem_bw_gbs * 1e9 * mem_eff)
-
-
-def _positive_int(name, value):
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def parallel_plan(config, hw, n_gpus: int = 8, tp: int = 8, batch: int = 64, prompt_len: int = 1024,
@@ -198,9 +194,9 @@ def parallel_plan(config, hw, n_gpus: int = 8, tp: int = 8, batch: int = 64, pro
     settings: estimate's kv_bits, act_bits, compute_eff, mem_eff, ...
     """
     hw = hardware(hw)
-    _positive_int("n_gpus", n_gpus)
-    _positive_int("tp", tp)
-    _positive_int("batch", batch)
+    checks.positive_int("n_gpus", n_gpus)
+    checks.positive_int("tp", tp)
+    checks.positive_int("batch", batch)
     if n_gpus % tp:
         raise ValueError(f"tp must divide n_gpus = {n_gpus} (tp x dp = n_gpus), got tp = {tp}")
     dp = n_gpus // tp
@@ -248,8 +244,8 @@ def compare_plans(config, hw, plans=((8, 1), (4, 2)), batch: int = 64, prompt_le
         raise ValueError(f"plans must be a non-empty list of (tp, dp) pairs, got {plans!r}")
     rows = []
     for tp, dp in pairs:
-        _positive_int("tp", tp)
-        _positive_int("dp", dp)
+        checks.positive_int("tp", tp)
+        checks.positive_int("dp", dp)
         rows.append(parallel_plan(config, hw, n_gpus=tp * dp, tp=tp, batch=batch, prompt_len=prompt_len,
                                   reply_len=reply_len, weight_bits=weight_bits, **settings))
     return rows
@@ -263,10 +259,6 @@ def cost_per_million_tokens(tokens_per_s: float, price_per_hour: float) -> float
         >>> cost_per_million_tokens(1000, 3.6)        # 3.6 M tokens an hour for $3.60
         1.0
     """
-    if not (isinstance(tokens_per_s, (int, float)) and not isinstance(tokens_per_s, bool) and math.isfinite(tokens_per_s)
-            and tokens_per_s > 0):
-        raise ValueError(f"tokens_per_s must be a finite number > 0, got {tokens_per_s!r}")
-    if not (isinstance(price_per_hour, (int, float)) and not isinstance(price_per_hour, bool)
-            and math.isfinite(price_per_hour) and price_per_hour >= 0):
-        raise ValueError(f"price_per_hour must be a finite number >= 0 (dollars per hour), got {price_per_hour!r}")
+    checks.positive("tokens_per_s", tokens_per_s)
+    checks.number("price_per_hour", price_per_hour, 0, why="dollars per hour")
     return price_per_hour / (tokens_per_s * 3600) * 1e6

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from labkit import checks
 from labkit.exercises._core import check
 
 __all__ = ["check_device_ridge", "check_equal_time_prompt"]
@@ -53,8 +54,8 @@ def _reference_equal_time_prompt(peak_flops: float, bandwidth: float, bytes_per_
 
 def _exact_or_whole(want: float, got) -> bool:
     """The exact length, or its whole part (the longest prompt in whole tokens), give or take rounding."""
-    return (isinstance(got, numbers.Real) and not isinstance(got, bool) and math.isfinite(got)
-            and -1e-6 * abs(want) <= want - got < 1 - 1e-6)
+    real = checks.is_number(got) or isinstance(got, numbers.Real) and not isinstance(got, int)  # numpy too; no bool
+    return real and math.isfinite(got) and -1e-6 * abs(want) <= want - got < 1 - 1e-6
 
 
 def check_equal_time_prompt(fn) -> bool:

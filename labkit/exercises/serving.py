@@ -1,6 +1,6 @@
 """Exercises of the serving chapter: admitting requests into a paged KV pool, the critical decode batch,
 predicting a long prompt's TTFT under chunked prefill (checked against the real scheduler), and which drafted
-tokens a load-aware speculation budget keeps (checked against `labkit.serving.budget.LoadAware`)."""
+tokens a load-aware speculation budget keeps (checked against `labkit.serving.engine.budget.LoadAware`)."""
 from __future__ import annotations
 
 import math
@@ -92,8 +92,8 @@ def _reference_chunked_ttft(prompt_len: int, remaining: list[int], token_budget:
     The decoding requests are prefilled in a first pass (one-token prompts); the long prompt arrives as it ends,
     when request i has `remaining[i]` tokens still to produce.
     """
-    from labkit.serving.request import Request
-    from labkit.serving.studies import simulate
+    from labkit.serving.engine.request import Request
+    from labkit.serving.studies.sweeps import simulate
 
     running = [Request(i, [i + 1], r + 1) for i, r in enumerate(remaining)]
     arrival = float(pass_cost(len(running))) if running else 0.0
@@ -141,7 +141,7 @@ def check_chunked_ttft(fn) -> bool:
 def _reference_spec_keep(alphas: list[float], drafted: list[int], rows: int, riding: int, room, pass_cost) -> list[int]:
     from types import SimpleNamespace
 
-    from labkit.serving.budget import LoadAware
+    from labkit.serving.engine.budget import LoadAware
 
     budget = LoadAware(cost=lambda r: pass_cost(sum(n for _, n in r)), gamma_max=16)
     budget.observe(SimpleNamespace(id=-1), 1, 1)  # something verified: no probe
@@ -152,7 +152,7 @@ def _reference_spec_keep(alphas: list[float], drafted: list[int], rows: int, rid
 
 def check_spec_keep(fn) -> bool:
     """Check `fn(alphas, drafted, rows, riding, room, pass_cost) -> drafted tokens kept per request` against the
-    load-aware budget (`labkit.serving.budget.LoadAware.choose`)."""
+    load-aware budget (`labkit.serving.engine.budget.LoadAware.choose`)."""
     cases = [
         ([0.6] * 4, [3] * 4, 4, 0, None, _affine(0.010, 0.0)),           # a flat pass: keep every drafted token
         ([0.6] * 4, [3] * 4, 4, 0, None, _affine(0.0, 0.001)),           # T proportional to n: keep none

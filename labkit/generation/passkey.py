@@ -30,6 +30,7 @@ import re
 
 import torch
 
+from labkit import checks
 from labkit.data import data_path
 from labkit.generation.reply import encode_prompt
 from labkit.kvcache.longcontext import feed
@@ -60,10 +61,8 @@ def passkey_prompt(tok, length: int, seed: int = 0, digits: int = 5, filler: str
     key_index (token index of the key's first digit in ids), key_indices (every place the key stands: the needle
     says it twice), length (len(ids)), filler}.
     """
-    if not isinstance(length, int) or isinstance(length, bool) or length < 64:
-        raise ValueError(f"length must be an integer >= 64 (tokens in the prompt), got {length!r}")
-    if not isinstance(digits, int) or isinstance(digits, bool) or not 1 <= digits <= 12:
-        raise ValueError(f"digits must be an integer in [1, 12], got {digits!r}")
+    checks.integer("length", length, 64, why="tokens in the prompt")
+    checks.integer("digits", digits, 1, 12)
     if filler not in FILLERS:
         raise ValueError(f"filler must be one of {FILLERS}, got {filler!r}")
     rng = random.Random(seed)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 from labkit.generation.stages import _params, _sampler, _step, prefill
 from labkit.sampling.constrained import make_constraint
@@ -65,7 +66,7 @@ def encode_prompt(tok, prompt, chat: bool | None = None) -> list[int]:
     """
     if isinstance(prompt, torch.Tensor):
         prompt = prompt.reshape(-1).tolist()
-    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+    if isinstance(prompt, (list, tuple)) and prompt and all(checks.is_int(i) for i in prompt):
         if chat:
             raise ValueError("chat=True needs a str or chat messages; token ids go to the model as they are")
         return list(prompt)  # token ids: no chat template

@@ -30,6 +30,8 @@ from collections import deque
 
 import torch
 
+from labkit import checks
+
 __all__ = ["BlockManager", "BlockTables", "BlockPool", "hash_block"]
 
 
@@ -103,10 +105,8 @@ class BlockTables:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        self.block_size = block_size
+        checks.positive_int("num_blocks", num_blocks)
+        self.block_size = checks.positive_int("block_size", block_size)
         self.manager = BlockManager(num_blocks)
         self.tables: dict = {}
         self.lengths: dict = {}

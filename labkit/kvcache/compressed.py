@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit import checks
 from labkit.kvcache.base import KVCache
 
 __all__ = ["CompressedCache"]
@@ -129,8 +130,7 @@ class CompressedCache(KVCache):
 
     def bytes_at(self, n_tokens: int) -> int:
         """Bytes the filled parts of the buffers take once `n_tokens` tokens have been seen (what `bytes_used` reports)."""
-        if not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or not 0 <= n_tokens <= self.max_len:
-            raise ValueError(f"n_tokens must be an integer in [0, {self.max_len}], got {n_tokens!r}")
+        checks.integer("n_tokens", n_tokens, 0, self.max_len)
         return self._bytes(*self._filled(n_tokens))
 
     def bytes_allocated(self) -> int:

@@ -41,16 +41,10 @@ from __future__ import annotations
 
 import torch
 
+from labkit import checks
 from labkit.kvcache.base import KVCache, attention, causal_mask
 
-__all__ = ["EvictingCache", "attention_weights", "check_count", "take"]
-
-
-def check_count(name: str, value, low: int, high: int | None = None, why: str = "") -> None:
-    """Raise ValueError unless `value` is an integer in [low, high] (no upper end when `high` is None)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or high is not None and value > high:
-        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be an integer {allowed}{why}, got {value!r}")
+__all__ = ["EvictingCache", "attention_weights", "take"]
 
 
 def attention_weights(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,16 +70,17 @@ def take(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 class EvictingCache(KVCache):
-    """Base of the budgeted kinds: `budget` kept tokens per layer and KV head (see the module docstring).
+    """Base of the budgeted kinds: at most `kept` tokens per layer and KV head at the end of a pass that evicts.
 
-    A kind overrides `observe` (record scores from a layer's attention) and `select` (the
+    Each kind names its bound for what it bounds (H2O's `budget`: the whole cache; SnapKV's `prompt_budget`:
+    the prompt's part) and hands it on as `kept`, with `kept_name` and `why` for the error message. A kind
+    overrides `observe` (record scores from a layer's attention) and `select` (the
     slots that survive a pass); `scores[layer]` holds what it carries from pass to pass.
     """
 
-    def __init__(self, config, *, budget: int | None = None, **opts):
+    def __init__(self, config, *, kept: int | None, kept_name: str, why: str, **opts):
         super().__init__(config, **opts)
-        check_count("budget", budget, 1, why=" (tokens kept per layer and KV head)")
-        self.budget = budget
+        self.kept = checks.positive_int(kept_name, kept, why=why)
         self.reset()
 
     # ---- what a kind decides -------------------------------------------------------------

@@ -52,7 +52,8 @@ from __future__ import annotations
 
 import torch
 
-from labkit.kvcache.eviction import EvictingCache, attention_weights, check_count, take
+from labkit import checks
+from labkit.kvcache.eviction import EvictingCache, attention_weights, take
 
 __all__ = ["H2OCache"]
 
@@ -67,10 +68,11 @@ class H2OCache(EvictingCache):
     kind = "h2o"
 
     def __init__(self, config, *, budget: int | None = None, recent: int | None = None, sinks: int = 0, **opts):
-        super().__init__(config, budget=budget, **opts)
+        super().__init__(config, kept=budget, kept_name="budget", why="tokens kept per layer and KV head", **opts)
+        self.budget = budget
         recent = budget - budget // 2 if recent is None else recent
-        check_count("sinks", sinks, 0, budget - 1, f" (budget={budget} leaves room for a recent token)")
-        check_count("recent", recent, 1, budget - sinks, f" (budget - sinks, with budget={budget}, sinks={sinks})")
+        checks.integer("sinks", sinks, 0, budget - 1, why=f"budget={budget} leaves room for a recent token")
+        checks.integer("recent", recent, 1, budget - sinks, why=f"budget - sinks, with budget={budget}, sinks={sinks}")
         self.recent, self.sinks = recent, sinks
         self.heavy = budget - recent - sinks
 

@@ -33,14 +33,11 @@ import math
 import torch
 import torch.nn.functional as F
 
+from labkit import checks
+
 __all__ = ["ONE_PASS_PROMPT", "votes_once", "feed", "stream_nll", "long_perplexity"]
 
 ONE_PASS_PROMPT = {"snapkv"}  # kinds that compress their prompt once, at the end of its one pass
-
-
-def _check_chunk(chunk) -> None:
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer (tokens per forward pass), got {chunk!r}")
 
 
 def _passes(cache, n: int, chunk: int, one_pass: bool = False) -> list[int]:
@@ -65,7 +62,7 @@ def feed(model, ids, cache, chunk: int = 256, one_pass: bool | None = None, trac
     "peak_tokens": the most tokens per layer and KV head any pass attended over (held + the pass's own), what
     the cache's memory peaks at while the prompt goes in.
     """
-    _check_chunk(chunk)
+    checks.positive_int("chunk", chunk, why="tokens per forward pass")
     x = torch.as_tensor(list(ids)).reshape(1, -1)
     start, logits, peak = 0, None, 0
     if one_pass is None:
@@ -95,7 +92,7 @@ def stream_nll(model, ids, cache, chunk: int = 256, prompt: int = 0) -> torch.Te
     `prompt` tokens go first in one pass (SnapKV's prompt), the rest in passes of `chunk`
     tokens (at most a sliding window's `max_chunk`).
     """
-    _check_chunk(chunk)
+    checks.positive_int("chunk", chunk, why="tokens per forward pass")
     x = torch.as_tensor(list(ids)).reshape(1, -1)
     T = x.shape[1]
     if T < 2:

@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from labkit import checks
 from labkit.kvcache.base import KVCache, causal_mask
 from labkit.kvcache.blocks import BlockManager, BlockPool, hash_block
 
@@ -49,8 +50,7 @@ class PagedCache(KVCache):
 
     def __init__(self, config, *, block_size: int = 16, num_blocks: int | None = None, pool: BlockPool | None = None, **opts):
         super().__init__(config, **opts)
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        checks.positive_int("block_size", block_size)
         if num_blocks is None:
             num_blocks = math.ceil(self.max_len / block_size) * self.batch_size
         if not isinstance(num_blocks, int) or num_blocks < 1:

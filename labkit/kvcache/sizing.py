@@ -16,7 +16,7 @@ and, counting exactly what each kind's `bytes_allocated()` counts, per layer and
 | `contiguous` | kv · max_len | (the reference: max_len = L) |
 | `sliding` | kv · window (preallocated) | `window` (its `sinks` inside it) |
 | `h2o` | (kv + int32 position + float32 score) · min(L, budget) | `budget` |
-| `snapkv` | (kv + int32 position) · (min(L − a, budget) + a) | `budget`, with `a` tokens appended after the prompt |
+| `snapkv` | (kv + int32 position) · (min(L − a, prompt_budget) + a) | `prompt_budget`, with `a` tokens appended after the prompt |
 | `quantized` | kv(bits, group) · max_len + kv · residual | nothing: its share is what `bits` gives |
 
 (kv: `kv_bytes_per_token` at the cache's float dtype; kv(bits, group): the same for codes plus a
@@ -29,7 +29,7 @@ bytes. One batch row throughout (every kind's bytes scale with `batch_size` alik
     >>> from labkit.model import ModelConfig
     >>> rows = equal_bytes_options(ModelConfig.from_name("smollm2-135m"), 2048, 0.25)
     >>> [(r["name"], r["options"]) for r in rows][:3]
-    [('sliding', {'window': 512, 'sinks': 4}), ('h2o', {'budget': 504}), ('snapkv', {'budget': 508, 'window': 32})]
+    [('sliding', {'window': 512, 'sinks': 4}), ('h2o', {'budget': 504}), ('snapkv', {'prompt_budget': 508, 'obs_window': 32})]
 """
 from __future__ import annotations
 
@@ -37,11 +37,13 @@ import math
 
 import torch
 
+from labkit import checks
 from labkit.kvcache.memory import kv_bytes_per_token
 
 __all__ = ["SIZED_KINDS", "held_bytes", "full_bytes", "equal_bytes_options"]
 
 SIZED_KINDS = ("contiguous", "sliding", "h2o", "snapkv", "quantized")
+BOUND_OPTION = {"sliding": "window", "h2o": "budget", "snapkv": "prompt_budget"}  # the option that sizes each kind
 INDEX_BYTES = 4  # one int32 position per kept token, layer and KV head (the eviction kinds)
 SCORE_BYTES = 4  # one float32 accumulated score per kept token, layer and KV head (H2O)
 
@@ -50,11 +52,6 @@ def _bits(dtype: torch.dtype) -> int:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch dtype (the cache's keys and values), got {dtype!r}")
     return 8 * torch.empty((), dtype=dtype).element_size()
-
-
-def _check_length(length) -> None:
-    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
-        raise ValueError(f"length must be a positive integer (tokens in the sequence), got {length!r}")
 
 
 def _per_token(config, kind: str, dtype: torch.dtype) -> float:
@@ -66,7 +63,7 @@ def _per_token(config, kind: str, dtype: torch.dtype) -> float:
 
 def full_bytes(config, length: int, dtype: torch.dtype = torch.float32) -> float:
     """Bytes of the contiguous cache holding `length` tokens (max_len = length): the reference."""
-    _check_length(length)
+    checks.positive_int("length", length, why="tokens in the sequence")
     return _per_token(config, "contiguous", dtype) * length
 
 
@@ -77,10 +74,13 @@ def held_bytes(config, kind: str, options: dict, length: int, dtype: torch.dtype
     `options` as given to `new_cache` (`max_len` defaults to `length`); `appended`: for SnapKV,
     how many of the `length` tokens came after its prompt (they are kept on top of the budget).
     """
-    _check_length(length)
+    checks.positive_int("length", length, why="tokens in the sequence")
     if kind not in SIZED_KINDS:
         raise ValueError(f"kind must be one of {SIZED_KINDS}, got {kind!r}")
     per = _per_token(config, kind, dtype)
+    bound = BOUND_OPTION.get(kind)
+    if bound is not None and bound not in options:
+        raise ValueError(f"options of a {kind} cache must give {bound}= (the tokens it holds), got {options!r}")
     if kind == "contiguous":
         return per * options.get("max_len", length)
     if kind == "sliding":
@@ -88,7 +88,7 @@ def held_bytes(config, kind: str, options: dict, length: int, dtype: torch.dtype
     if kind == "h2o":
         return per * min(length, options["budget"])
     if kind == "snapkv":
-        return per * (min(length - appended, options["budget"]) + appended)
+        return per * (min(length - appended, options["prompt_budget"]) + appended)
     bits, group, residual = options.get("bits", 8), options.get("group_size", 32), options.get("residual", 128)
     max_len = options.get("max_len", length)
     codes = kv_bytes_per_token(config, bits=bits, group_size=group) * max_len
@@ -108,11 +108,9 @@ def equal_bytes_options(config, length: int, fraction: float, dtype: torch.dtype
     `sinks`: the sliding window's attention sinks (inside the window). `appended`: tokens SnapKV
     appends after its prompt within the `length` (a scored tail, generated tokens).
     """
-    _check_length(length)
-    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1] (a share of the full cache's bytes), got {fraction!r}")
-    if not isinstance(appended, int) or not 0 <= appended < length:
-        raise ValueError(f"appended must be an integer in [0, {length}) (tokens after SnapKV's prompt), got {appended!r}")
+    checks.positive_int("length", length, why="tokens in the sequence")
+    checks.number("fraction", fraction, 0, 1, low_open=True, why="a share of the full cache's bytes")
+    checks.integer("appended", appended, 0, length - 1, why="tokens after SnapKV's prompt")
     full = full_bytes(config, length, dtype)
     target = fraction * full
     rows = []
@@ -134,11 +132,11 @@ def equal_bytes_options(config, length: int, fraction: float, dtype: torch.dtype
                 raise ValueError(f"fraction={fraction} of {length} tokens leaves an H2O budget of {tokens}; need 2")
             add(kind, kind, {"budget": tokens})
         else:
-            budget = tokens - appended
-            if budget < 2:
+            prompt_budget = tokens - appended
+            if prompt_budget < 2:
                 raise ValueError(f"fraction={fraction} of {length} tokens with appended={appended} leaves a SnapKV "
-                                 f"budget of {budget}; need 2 (raise fraction, lower appended)")
-            add(kind, kind, {"budget": budget, "window": min(32, budget // 2)})
+                                 f"prompt_budget of {prompt_budget}; need 2 (raise fraction, lower appended)")
+            add(kind, kind, {"prompt_budget": prompt_budget, "obs_window": min(32, prompt_budget // 2)})
     for b in bits:
         add(f"int{b}", "quantized", {"bits": b, "group_size": group_size, "residual": residual}, settable=False)
     return rows

@@ -26,14 +26,10 @@ from __future__ import annotations
 
 import torch
 
+from labkit import checks
 from labkit.kvcache.base import KVCache, causal_mask
 
 __all__ = ["SlidingCache"]
-
-
-def _check_int(name: str, value, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 class SlidingCache(KVCache):
@@ -49,8 +45,8 @@ class SlidingCache(KVCache):
     def __init__(self, config, *, window: int | None = None, sinks: int = 4, **opts):
         super().__init__(config, **opts)
         window = self.max_len if window is None else window
-        _check_int("window", window, 1)
-        _check_int("sinks", sinks, 0)
+        checks.positive_int("window", window)
+        checks.integer("sinks", sinks, 0)
         if window <= sinks:
             raise ValueError(f"window must be larger than sinks (room for recent tokens), got window={window} and sinks={sinks}")
         if window > config.max_seq_len:
@@ -102,7 +98,7 @@ class SlidingCache(KVCache):
     def begin(self, n_new: int) -> torch.Tensor:
         if self._n_new is not None:
             raise RuntimeError("begin() called twice without end(): a forward pass is already in progress")
-        _check_int("n_new", n_new, 1)
+        checks.positive_int("n_new", n_new)
         if self._len + n_new > self.window:
             if n_new > self.max_chunk:
                 raise ValueError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from labkit import checks
 from labkit.measure.compare import Comparison
 
 __all__ = ["claim", "Claim", "CLAIM_VERDICTS"]
@@ -56,7 +57,7 @@ class Claim:
 def _number(name: str, v) -> float | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+    if not checks.is_number(v) or math.isnan(v):
         raise ValueError(f"{name} must be a number or None, got {v!r}")
     return float(v)
 

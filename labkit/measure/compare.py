@@ -30,6 +30,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from labkit import checks
 from labkit.measure.clock import Clock, now
 from labkit.measure.run import Timing, run
 from labkit.measure.stats import median_interval, shift_interval
@@ -133,10 +134,8 @@ def compare(a: Variant, b: Variant, margin: float = 0.03, *, rounds: int = 10, m
     look; `max_rounds`: the cap on rounds when the interval is too wide to decide. `alpha`: the
     error rate over all looks. See the module docstring for the rule.
     """
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-        raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-        raise ValueError(f"alpha must be a number in (0, 1), got {alpha!r}")
+    checks.probability("margin", margin, high_open=True)
+    checks.probability("alpha", alpha, low_open=True, high_open=True)
     if isinstance(a, Timing) or isinstance(b, Timing):
         if not (isinstance(a, Timing) and isinstance(b, Timing)):
             raise ValueError("a and b must both be callables or both be Timings of run(), got one of each")
@@ -147,9 +146,8 @@ def compare(a: Variant, b: Variant, margin: float = 0.03, *, rounds: int = 10, m
                           min(a.rounds, b.rounds), 1, lo_hi[3])
     if not callable(a) or not callable(b):
         raise ValueError(f"a and b must be zero-argument callables or Timings, got {a!r} and {b!r}")
-    for name, v in (("rounds", rounds), ("max_rounds", max_rounds)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    checks.positive_int("rounds", rounds)
+    checks.positive_int("max_rounds", max_rounds)
     if max_rounds < rounds:
         raise ValueError(f"max_rounds must be >= rounds ({rounds}), got {max_rounds!r}")
     if not (isinstance(names, tuple) and len(names) == 2 and names[0] != names[1]):

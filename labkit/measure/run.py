@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from labkit import checks
 from labkit.measure.clock import Clock, now
 from labkit.measure.stats import summary
 
@@ -152,11 +153,6 @@ class Run:
         return "\n".join(str(t) for t in self.timings.values())
 
 
-def _check_count(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
 def run(fns: dict[str, Callable[[], object]], rounds: int = 5, warmup: int = 1, *, per: float = 1.0,
         unit: str = "call", clock: Clock = now, machine: bool = True, setup: Callable[[str], object] | None = None,
         progress: Callable[[int, int], object] | None = None) -> Run:
@@ -172,10 +168,9 @@ def run(fns: dict[str, Callable[[], object]], rounds: int = 5, warmup: int = 1, 
     for name, fn in fns.items():
         if not callable(fn):
             raise ValueError(f"fns[{name!r}] must be callable, got {fn!r}")
-    _check_count("rounds", rounds, 1)
-    _check_count("warmup", warmup, 0)
-    if isinstance(per, bool) or not isinstance(per, (int, float)) or not per > 0:
-        raise ValueError(f"per must be a positive number of units per call, got {per!r}")
+    checks.positive_int("rounds", rounds)
+    checks.integer("warmup", warmup, 0)
+    checks.positive("per", per, why="units of work per call")
     names = list(fns)
     state = machine_state(cpu=machine)
     samples: dict[str, list[float]] = {n: [] for n in names}

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from labkit import checks
+
 __all__ = ["split", "Split"]
 
 
@@ -84,11 +86,9 @@ def split(parts: dict[str, float], profiled_ms: float, plain_ms: float, unseen=(
     if not isinstance(parts, dict) or not parts:
         raise ValueError(f"parts must be a non-empty dict of name -> ms, got {parts!r}")
     for name, v in (("profiled_ms", profiled_ms), ("plain_ms", plain_ms)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"{name} must be a positive number, got {v!r}")
+        checks.positive(name, v)
     for k, v in parts.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ValueError(f"parts[{k!r}] must be a non-negative number of ms, got {v!r}")
+        checks.number(f"parts[{k!r}]", v, 0, why="ms")
     if isinstance(unseen, str):
         unseen = (unseen,)
     total = sum(parts.values())

@@ -23,6 +23,8 @@ import math
 import statistics
 from functools import lru_cache
 
+from labkit import checks
+
 __all__ = ["summary", "quantile", "median_interval", "shift_interval", "sign_test_rank"]
 
 
@@ -60,7 +62,7 @@ def sign_test_rank(n: int, confidence: float) -> int:
 
 def median_interval(xs, confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free interval for the median of `xs` at `confidence` (the sign-test one)."""
-    _check_confidence(confidence)
+    checks.probability("confidence", confidence, low_open=True, high_open=True)
     s = sorted(xs)
     if not s:
         raise ValueError("xs must hold at least one value, got none")
@@ -89,7 +91,7 @@ def _mann_whitney_counts(n: int, m: int) -> tuple[int, ...]:
 
 def shift_interval(xs, ys, confidence: float = 0.95) -> tuple[float, float, float]:
     """(estimate, low, high): the Hodges-Lehmann shift x - y and its Mann-Whitney interval at `confidence`."""
-    _check_confidence(confidence)
+    checks.probability("confidence", confidence, low_open=True, high_open=True)
     n, m = len(xs), len(ys)
     if n == 0 or m == 0:
         raise ValueError(f"both samples must hold values, got {n} and {m}")
@@ -109,8 +111,3 @@ def shift_interval(xs, ys, confidence: float = 0.95) -> tuple[float, float, floa
     if k <= 0:
         return (estimate, -math.inf, math.inf)
     return (estimate, diffs[k - 1], diffs[len(diffs) - k])
-
-
-def _check_confidence(confidence: float) -> None:
-    if not isinstance(confidence, (int, float)) or isinstance(confidence, bool) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")

@@ -18,6 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from labkit import checks
 from labkit.metrics.compare import kl_to_reference, top1_agreement
 
 __all__ = ["windows", "scored_logits", "reference_logits", "quality"]
@@ -36,10 +37,8 @@ def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int
     >>> windows(10, 4, 4)
     [(0, 4, 1), (3, 7, 4), (6, 10, 7)]
     """
-    if not isinstance(window, int) or isinstance(window, bool) or window < 2:
-        raise ValueError(f"window must be an integer >= 2, got {window!r}")
-    if not isinstance(stride, int) or isinstance(stride, bool) or not 1 <= stride <= window:
-        raise ValueError(f"stride must be an integer in [1, window={window}], got {stride!r}")
+    checks.integer("window", window, 2)
+    checks.integer("stride", stride, 1, window, why="at most the window")
     if n_tokens < 2:
         raise ValueError(f"the text must hold at least 2 tokens to score a prediction, got {n_tokens}")
     out, scored = [], 1  # ids[0] is never predicted

@@ -1,4 +1,4 @@
-"""The decode step as one compiled program: TorchInductor's C++ kernels, its C++ wrapper, the weights frozen.
+"""The decode step as one compiled program: TorchInductor's C++ kernels and its C++ wrapper.
 
 An eager decode step of SmolLM2 is some three thousand operator calls, and on a CPU each has a
 fixed cost (dispatch, an output allocation, Python between calls). `model.compile_step()` hands
@@ -6,16 +6,18 @@ the whole stack to TorchInductor once: it traces one step (embedding → 30 bloc
 one graph, fuses the elementwise work between the weight products into generated C++ loops
 (RMSNorm with the residual add, RoPE with the cache write, SiLU·up), calls the weight products
 as extern kernels (MKL/oneDNN for float, the packed int8/int4 kernels as they are), and runs it
-all from a C++ wrapper: no Python between kernels. Weights are frozen into the program as
-constants, so compile *after* loading, quantizing or changing a model.
+all from a C++ wrapper: no Python between kernels. The weights are not frozen into the program: they
+are inputs of the graph, read from the model's modules at each call, so an in-place change to a weight
+shows in the output. A change of layout or kind (quantizing, `column_major_()`, a copy of the model) is
+not seen by the program's key: compile *after* loading, quantizing or changing a model.
 
 Shapes are kept static so the program never recompiles during a decode: the cache is the
 contiguous one (fixed capacity, one buffer per layer, written in place at `positions`), and
 the only sizes that move, the number of keys so far and the cache's capacity, are symbolic
 dimensions. Programs are kept per batch size and `last_only`: one for a one-token step (the GQA
 call the eager step makes) and one for passes of 2..`COMPILE_MAX_TOKENS` tokens (verification,
-small batches), each compiled on first use. Anything else runs the eager step, which gives the
-same numbers: longer passes (a prompt), other cache kinds, early exit, the batch-invariant mode,
+small batches), each compiled on first use. Anything else runs the eager step, whose numbers agree
+to rounding, not bit for bit (see Exactness): longer passes (a prompt), other cache kinds, early exit, the batch-invariant mode,
 gradients, the first token of an empty cache and a pass that fills the cache's last slot (where
 the keys so far are the whole buffer, which another program would have to handle); `stats` counts why.
 

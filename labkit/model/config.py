@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from labkit import checks
+
 ROPE_LAYOUTS = ("interleaved", "half")
 CSA_FIELDS = ("csa_block", "csa_topk", "csa_window", "csa_index_heads", "csa_index_dim")
 
@@ -51,9 +53,7 @@ class ModelConfig:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+            checks.positive_int(field, getattr(self, field))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads must be a multiple of n_kv_heads, got {self.n_heads} and {self.n_kv_heads}")
         if self.head_dim is None:
@@ -70,8 +70,7 @@ class ModelConfig:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         csa = {f: getattr(self, f) for f in CSA_FIELDS}
         for field, value in csa.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
+            checks.integer(field, value, 0)
         if any(csa.values()) and not all(csa.values()):
             raise ValueError(f"compressed attention needs all of {', '.join(CSA_FIELDS)} >= 1 (or all 0 for dense "
                              f"attention), got {csa}")
@@ -173,10 +172,8 @@ def kv_bytes(n_values: float, bits: float = 16, group_size: int | None = None) -
     >>> kv_bytes(1000, 16), kv_bytes(1000, 4, 64)
     (2000.0, 562.5)
     """
-    if not (isinstance(bits, (int, float)) and not isinstance(bits, bool) and 1 <= bits <= 64):
-        raise ValueError(f"bits must be a number between 1 and 64 (float64), got {bits!r}")
-    if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1):
-        raise ValueError(f"group_size must be None or a positive integer, got {group_size!r}")
+    checks.number("bits", bits, 1, 64, why="float64")
+    checks.positive_int("group_size", group_size, none_ok=True)
     per_value = bits + (32 / group_size if group_size and bits < 16 else 0)
     return n_values * per_value / 8
 

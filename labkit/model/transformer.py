@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from labkit import checks
 from labkit.kvcache.base import attention, forward_pass, new_cache as _new_cache
 from labkit.model.compressed import CompressedAttention
 from labkit.model.config import ModelConfig
@@ -157,8 +158,8 @@ class Transformer(nn.Module):
         The values do not change. `x @ W.T` then reads W in memory order, which makes batch-1
         decode (one matrix-vector product per weight) markedly faster with MKL on CPU, in
         float32. Not for bfloat16 on a CPU without native bf16: there the column-major
-        product takes a slow path (about 20x slower per decode step of SmolLM2, measured with
-        `labkit bench --only smollm2`), so loaders keep half-precision weights row-major.
+        product takes a slow path (many times slower per decode step of SmolLM2: `labkit bench --only smollm2`
+        measures it on this machine), so loaders keep half-precision weights row-major.
         """
         with torch.no_grad():
             for module in self.modules():
@@ -312,8 +313,7 @@ class Transformer(nn.Module):
         self._invariant = self._set_on_modules("batch_invariant", "invariant", value, (nn.Module,))
 
     def _set_on_modules(self, setting: str, attr: str, value: bool, kinds: tuple) -> bool:
-        if not isinstance(value, bool):
-            raise TypeError(f"{setting} must be True or False, got {value!r}")
+        checks.flag(setting, value, error=TypeError)
         for module in self.modules():
             if isinstance(module, kinds) and hasattr(module, attr):
                 setattr(module, attr, value)

@@ -10,9 +10,9 @@ fails the cell although no reader could ever see it. Here a figure is compared a
   relative to the larger of the two values: 1e-3 is a tenth of a percent, below a pixel on
   any axis, linear or logarithmic. The last bits of a float are far smaller, but a number
   computed through a search or a rounding step moves more when the instruction set changes:
-  AWQ's search errors in chapter 06 moved by 1.4e-4 of their value between an AVX-512 and an
-  AVX2 CPU (and under the AVX2 emulation of `make test-portable`), which a 1e-4 tolerance
-  failed; 1e-3 leaves that spread seven times over and still fails a point moved by 0.3 %;
+  AWQ's search errors in chapter 06 move in their fourth significant digit between an AVX-512
+  and an AVX2 CPU (`make test-portable` emulates the second), which a 1e-4 tolerance fails;
+  1e-3 leaves that spread several times over and still fails a point moved by 0.3 %;
 - arrays of the same length (a curve with one point more is a different curve).
 
 A figure whose data really changes still fails, and the failure names the first places
@@ -34,9 +34,11 @@ import math
 
 import numpy as np
 
+from labkit import checks
+
 __all__ = ["RTOL", "FIGURE_MIME", "decode_typed_array", "figure_differences", "ComparedFigure", "install"]
 
-RTOL = 1e-3  # the largest cross-ISA spread measured, 1.4e-4, seven times over (see above)
+RTOL = 1e-3  # several times the cross-ISA spread of the chapters' figures (see above)
 FIGURE_MIME = "application/vnd.plotly.v1+json"
 _DTYPES = {"f8": "<f8", "f4": "<f4", "i1": "i1", "u1": "u1", "i2": "<i2", "u2": "<u2", "i4": "<i4", "u4": "<u4",
            "i8": "<i8", "u8": "<u8", "u1c": "u1"}
@@ -66,13 +68,9 @@ def _numbers(value) -> np.ndarray | None:
     """A typed array, or a (nested) list of plain numbers, as a float array; None for anything else."""
     if _is_typed_array(value):
         return decode_typed_array(value).astype(np.float64)
-    if isinstance(value, list) and value and all(_is_number(v) for v in value):
+    if isinstance(value, list) and value and all(checks.is_number(v) for v in value):
         return np.asarray(value, dtype=np.float64)
     return None
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _close(a: np.ndarray, b: np.ndarray, rtol: float) -> np.ndarray:
@@ -95,7 +93,7 @@ def _walk(ref, test, path: str, rtol: float, out: list[str], limit: int) -> None
             r, t = float(ref_nums.ravel()[i]), float(test_nums.ravel()[i])
             out.append(f"{path}[{i}]: {_relative(t, r)}")
         return
-    if _is_number(ref) and _is_number(test):
+    if checks.is_number(ref) and checks.is_number(test):
         if not _close(np.array([float(ref)]), np.array([float(test)]), rtol)[0]:
             out.append(f"{path}: {_relative(float(test), float(ref))}")
         return

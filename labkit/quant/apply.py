@@ -8,10 +8,10 @@ Works on any module tree (this layer knows nothing of labkit's `Transformer`): e
 head, since the head is the largest single matrix of a small model (21 % of SmolLM2's
 bytes). The embedding itself is only looked up, one row per token, and stays float.
 
-What each choice costs (SmolLM2, one decode step, measured by `labkit bench --only quant`):
-the packed int8/int4 kernels with **bfloat16 activations** (the default) are the fast path, 2-3x
-float32; the same kernels with float32 activations (`act_dtype=torch.float32`) decode at about
-0.4x float32 and exist for exact comparisons; `reference=True` multiplies the dequantized float32
+What each choice costs (SmolLM2, one decode step: `labkit bench --only quant` measures it on this
+machine, chapter 06 prints it): the packed int8/int4 kernels with **bfloat16 activations** (the
+default) are the fast path, faster than float32; the same kernels with float32 activations
+(`act_dtype=torch.float32`) decode slower than float32 and exist for exact comparisons; `reference=True` multiplies the dequantized float32
 weights (float speed, the format's numbers). `fmt=` stores the weights in a block format instead
 (Q8_0, Q4_1, MXFP4, MXFP8, NVFP4: `BlockLinear`), with float32 activations or, for Q8_0 and Q4_1,
 `activations="int8"`: inputs quantized per block and integer dot products, as llama.cpp does.
@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from labkit import checks
 from labkit.quant import intdot
 from labkit.quant.blocklinear import BlockLinear, check_options
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
@@ -93,8 +94,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
                          "the packed kernels take float activations")
     bits = 8 if bits is None else bits
     group_size = 32 if group_size is None else group_size
-    if bits not in MODEL_BITS or isinstance(bits, bool):
-        raise ValueError(f"bits must be one of {MODEL_BITS}, got {bits!r}")
+    checks.one_of("bits", bits, MODEL_BITS)
     calib = _check_calib(model, calib, method)
     out = model if inplace else copy.deepcopy(model)
     out.requires_grad_(False)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from labkit import checks
 from labkit.quant import mx
 
 BLOCK = 32  # weights per block, for every format here
@@ -64,8 +65,7 @@ def bits_per_weight(qtype: str) -> float:
 def nbytes(qtype: str, n_weights: int) -> int:
     """Bytes that `n_weights` weights take in this format (a multiple of 32 for the block types, 64 for NVFP4)."""
     _, per_block, size = TYPES[_check_type(qtype)]
-    if isinstance(n_weights, bool) or not isinstance(n_weights, (int, np.integer)) or n_weights < 0:
-        raise ValueError(f"n_weights must be a non-negative integer, got {n_weights!r}")
+    checks.integer("n_weights", int(n_weights) if isinstance(n_weights, np.integer) else n_weights, 0)
     if n_weights % per_block:
         raise ValueError(f"{qtype} stores weights in blocks of {per_block}; got {n_weights} weights")
     return n_weights // per_block * size

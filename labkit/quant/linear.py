@@ -9,10 +9,10 @@ activations' dtype; `reference=True` (or a torch without the kernels) computes t
 product as `x @ dequantize(W)ᵀ` in float32, which is what the lab teaches and what the
 tests compare the kernels against.
 
-Measured on a 2-core AVX2 CPU: with bfloat16 activations the kernels beat a float32 matmul at
-every number of tokens; with float32 activations they are slower than it even for one token
-and 10–30× slower for a prompt (a 256-token product through [1536, 576]: 160 ms int4, 78 ms
-int8, against 6 ms dequantizing and multiplying in float32). So a float32-activation layer
+With bfloat16 activations the kernels beat a float32 matmul at every number of tokens; with
+float32 activations they fall to scalar code, slower than it even for one token and many times
+slower for a prompt than dequantizing and multiplying in float32 (`labkit bench --only quant`
+times both on this machine). So a float32-activation layer
 uses the kernel for one token and the dequantized float product for more: prefill and
 calibration stay fast, and both paths give the float32 numbers, though not the same bits.
 
@@ -31,8 +31,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from labkit import checks
 from labkit.quant.rows import INVARIANT_MAX_ROWS, invariant_now, row_invariant
-from labkit.quant.rtn import QuantizedTensor, _check_bits, dequantize, quantize
+from labkit.quant.rtn import BITS, QuantizedTensor, dequantize, quantize
 
 __all__ = ["QuantLinear", "has_kernel", "ACT_DTYPES", "layout", "packed_layout_problem", "float_product"]
 
@@ -109,7 +110,7 @@ class QuantLinear(nn.Module):
                    reference: bool = False) -> "QuantLinear":
         """RTN-quantize a float weight [out, in]: int8 symmetric per channel, fewer bits asymmetric in groups
         of `group_size` (an int, or "channel"); layouts the packed kernels do not take need `reference`."""
-        _check_bits(bits)
+        checks.one_of("bits", bits, BITS)
         granularity, symmetric = layout(bits, group_size)
         return cls(quantize(weight, bits, granularity, symmetric=symmetric), act_dtype=act_dtype, reference=reference)
 

@@ -225,7 +225,8 @@ def dequantize_blocks(data: np.ndarray, fmt: str, tensor_scale: float = 1.0) -> 
 def nbytes(fmt: str, n_weights: int) -> int:
     """Bytes `n_weights` weights take in `fmt`: codes, block scales and (NVFP4) the float32 tensor scale."""
     per_block, size, per_tensor = LAYOUT[_check_fmt(fmt)]
-    if isinstance(n_weights, bool) or not isinstance(n_weights, (int, np.integer)) or n_weights < 0:
+    # not labkit.checks: this module imports nothing from labkit (tests/test_quant_mx.py), so a bool is refused here
+    if type(n_weights) is bool or not isinstance(n_weights, (int, np.integer)) or n_weights < 0:
         raise ValueError(f"n_weights must be a non-negative integer, got {n_weights!r}")
     if n_weights % per_block:
         raise ValueError(f"{fmt} stores weights in blocks of {per_block}; got n_weights={n_weights}")

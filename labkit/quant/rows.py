@@ -5,9 +5,9 @@ one-token steps; "lossless" means both give every position the same logits, bit 
 library kernel promises no such thing: floating-point addition is not associative, and a BLAS
 picks its algorithm (a matrix-vector kernel for one row, blockings by the number of rows, a
 split of the reduction over threads) by the shape it is handed, differently on each CPU and
-instruction set. Measured with the same torch: MKL's float32 product rounds a row alone unlike
-the same row among 2 to 16 on an AMD EPYC at AVX-512, at AVX2 and with no SIMD at all, where on
-an Intel Xeon it agreed from 2 rows on; the packed int8/int4 kernels and bfloat16 agreed on both.
+instruction set. With the same torch, MKL's float32 product can round a row alone unlike the same
+row among others on one CPU and agree on another; which kernels are row-invariant here is what
+`labkit.model.invariance` checks on this machine (`labkit doctor` prints it).
 
 So labkit does not rely on which kernel a vendor library happens to pick. `row_invariant` runs
 a product over N rows (2 ≤ N ≤ `INVARIANT_MAX_ROWS`) in one of two ways:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit import checks
+
 __all__ = ["QuantizedTensor", "quantize", "dequantize", "BITS", "bits_per_weight", "group_params", "encode",
            "decode_codes", "check_weight", "resolve_group_size"]
 
@@ -60,20 +62,15 @@ def bits_per_weight(bits: int, group_size: int, symmetric: bool = True, scale_bi
     >>> bits_per_weight(4, 32, symmetric=False)       # Q4_1: 4 + (16 + 16) / 32
     5.0
     """
-    _check_bits(bits)
+    checks.one_of("bits", bits, BITS)
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     return bits + scale_bits * (1 if symmetric else 2) / group_size
 
 
-def _check_bits(bits) -> None:
-    if bits not in BITS or isinstance(bits, bool):
-        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
-
-
 def check_weight(w, bits: int) -> torch.Tensor:
     """The weight as a float32 matrix [out, in], or ValueError/TypeError saying what is wrong."""
-    _check_bits(bits)
+    checks.one_of("bits", bits, BITS)
     if not isinstance(w, torch.Tensor) or not w.is_floating_point():
         raise TypeError(f"w must be a floating-point torch.Tensor, got {type(w).__name__} {getattr(w, 'dtype', '')}")
     w = w.detach().float()
@@ -92,7 +89,7 @@ def resolve_group_size(group_size, w: torch.Tensor) -> tuple[int, bool]:
         return n_in, True
     if group_size == "channel" or group_size is None:
         return n_in, False
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+    if not checks.is_int(group_size) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, 'channel' or 'tensor', got {group_size!r}")
     if n_in % group_size:
         divisors = [g for g in (16, 32, 64, 128, 256) if n_in % g == 0]

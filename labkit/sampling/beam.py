@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit import checks
 from labkit.sampling.stopping import _id_set
 
 __all__ = ["beam_search", "BeamSearchOutput"]
@@ -117,8 +118,7 @@ def beam_search(
     default when the model has `new_cache`, as a labkit model does), or recompute every
     beam's whole sequence each step (False; any callable model).
     """
-    if not isinstance(num_beams, int) or isinstance(num_beams, bool) or num_beams < 1:
-        raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
+    checks.positive_int("num_beams", num_beams)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if early_stopping not in (True, False, "never"):

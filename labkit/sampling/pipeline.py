@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from labkit import checks
 from labkit.sampling.processors import apply_frequency_presence_penalty, apply_repetition_penalty, apply_temperature, greedy_filter, min_p_filter, token_counts, top_k_filter, top_p_filter, typical_filter
 
 __all__ = [
@@ -49,10 +50,6 @@ ORDERS = {
     "hf": ("repetition_penalty", "frequency_presence", "temperature", "top_k", "top_p", "min_p", "typical_p"),
     "llama.cpp": ("repetition_penalty", "frequency_presence", "top_k", "typical_p", "top_p", "min_p", "temperature"),
 }
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -81,14 +78,13 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "typical_p", "repetition_penalty",
                      "frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
-            if not _is_number(value):
+            if not checks.is_number(value):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
             if not math.isfinite(value):
                 raise ValueError(f"{name} must be finite, got {value}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
-            raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__}")
+        checks.integer("top_k", self.top_k, error=TypeError)
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 means off), got {self.top_k}")
         if not 0 < self.top_p <= 1:

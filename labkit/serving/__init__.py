@@ -1,17 +1,16 @@
-"""Serving many users: requests (`request`), batching policies (`scheduler`), the engine over a packed
-paged KV cache (`engine`), seeded traces and their metrics (`trace`), routing requests across data-parallel
-replicas (`router`), speculation inside the engine (`speculate`: drafts verified in the packed pass, rolled back in
-the paged store; `budget`: how many drafted tokens each request verifies per pass), an OpenAI-style HTTP endpoint
-(`server`), tensor / data parallelism and prefill-decode disaggregation on two processes (`parallel`), and
-disaggregated prefill replayed on a prefill engine and a decode engine, the KV cache moved between (`disagg`).
+"""Serving many users, in three parts that import in one direction (studies -> engine, http -> engine):
 
-`labkit.serving.parallel` is imported on its own (it starts processes)."""
-from labkit.serving.engine import Engine, Replay, Step
-from labkit.serving.request import Request, Status
-from labkit.serving.router import ROUTERS, Router, replay_replicas
-from labkit.serving.scheduler import POLICIES, Scheduler
-from labkit.serving.trace import fresh, percentile, poisson_trace, summarize
+- `labkit.serving.engine`: requests, the scheduler's batching policies, the engine over a packed paged KV
+  cache, speculation inside its passes and the budgets that size it, the engine on its own thread.
+- `labkit.serving.http`: `labkit serve`, the engine behind an OpenAI-compatible HTTP API (imported on its own).
+- `labkit.serving.studies`: the engine on seeded traces, simulated pass times, recorded replies, replicas,
+  disaggregated prefill and two processes (`labkit.serving.studies.parallel`, imported on its own).
+
+This package hands on the names chapter 09 uses most.
+"""
 from labkit.serving import studies
+from labkit.serving.engine import POLICIES, Engine, Replay, Request, Scheduler, Status, Step
+from labkit.serving.studies import ROUTERS, Router, fresh, percentile, poisson_trace, replay_replicas, summarize
 
 __all__ = ["Engine", "Replay", "Step", "Request", "Status", "Scheduler", "POLICIES", "poisson_trace", "summarize",
-           "percentile", "fresh", "Router", "ROUTERS", "replay_replicas"]
+           "percentile", "fresh", "Router", "ROUTERS", "replay_replicas", "studies"]

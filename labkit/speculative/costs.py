@@ -22,7 +22,7 @@ from contextlib import nullcontext
 
 import torch
 
-from labkit import measure
+from labkit import checks, measure
 from labkit.speculative.decode import expected_tokens
 from labkit.speculative.mtp import MTPHead, head_step_s
 from labkit.speculative.verify import accept_sampled
@@ -35,8 +35,7 @@ __all__ = ["target_pass_s", "pass_timings", "step_timings", "invariant_cost", "w
 @torch.inference_mode()
 def target_pass_s(model, k: int, position: int = 64, repeat: int = 5) -> float:
     """Median seconds of one forward over k new tokens on a cache already holding `position` tokens."""
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
+    checks.positive_int("k", k)
     return pass_timings(model, [k], position=position, rounds=repeat)[f"T({k})"].median
 
 
@@ -66,7 +65,7 @@ def pass_timings(model, ks, position: int = 64, rounds: int = 10, warmup: int = 
     """A `labkit.measure.Run` of one forward over k new tokens ("T(k)") for each k, on a cache holding `position`
     tokens: the k's interleaved round by round, the prompt's prefill untimed before every pass."""
     ks = list(ks)
-    if not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
+    if not ks or not all(checks.is_int(k) and k >= 1 for k in ks):
         raise ValueError(f"ks must be positive integers, got {ks!r}")
     return _pass_run({f"T({k})": (model, k, False) for k in ks}, position, rounds, warmup)
 
@@ -170,8 +169,7 @@ def predicted_speedup(alpha: float, gamma: int, c: float, t_rel: dict | None = N
         raise ValueError(f"c must be >= 0, got {c}")
     if not (isinstance(overhead, (int, float)) and overhead >= 0):
         raise ValueError(f"overhead must be a number >= 0 (a round's extra cost relative to T(1)), got {overhead!r}")
-    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
-        raise ValueError(f"gamma must be an integer >= 1 (draft tokens per round), got {gamma!r}")
+    checks.positive_int("gamma", gamma, why="draft tokens per round")
     if t_rel is not None and gamma + 1 not in t_rel:
         raise ValueError(f"t_rel must hold T({gamma + 1})/T(1) for gamma={gamma} (a verification pass over "
                          f"gamma + 1 tokens); it holds k = {sorted(t_rel)}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
 from labkit.quant.rows import INVARIANT_MAX_ROWS
@@ -42,8 +43,7 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     """Tokens one round emits on average when each draft token passes with probability α (independently)."""
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
-        raise ValueError(f"gamma must be an integer >= 0 (draft tokens per round), got {gamma!r}")
+    checks.integer("gamma", gamma, 0, why="draft tokens per round")
     return gamma + 1.0 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
@@ -80,8 +80,7 @@ class SpeculativeOutput:
 
 
 def _check(target, draft, gamma, max_new_tokens):
-    if not (gamma in ("auto", "heuristic") or (isinstance(gamma, int) and not isinstance(gamma, bool)
-                                                and 1 <= gamma <= GAMMA_LIMIT)):
+    if not (gamma in ("auto", "heuristic") or (checks.is_int(gamma) and 1 <= gamma <= GAMMA_LIMIT)):
         raise ValueError(f"gamma must be an integer in [1, {GAMMA_LIMIT}], 'auto' or 'heuristic', got {gamma!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -171,7 +170,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
     the fast default kernels, and a near-tie may flip. The mode covers passes of up to `INVARIANT_MAX_ROWS`
     (16) tokens, so with it a fixed γ may be at most 15 (a `ValueError` says so); without it, up to 64.
     """
-    if batch_invariant is True and isinstance(gamma, int) and not isinstance(gamma, bool) and gamma + 1 > INVARIANT_MAX_ROWS:
+    if batch_invariant is True and checks.is_int(gamma) and gamma + 1 > INVARIANT_MAX_ROWS:
         raise ValueError(f"gamma must be at most {INVARIANT_MAX_ROWS - 1} with batch_invariant=True (passes of up to "
                          f"{INVARIANT_MAX_ROWS} tokens are row-invariant), got {gamma!r}; pass batch_invariant=False "
                          f"for longer drafts, whose greedy output may then depend on gamma")
@@ -183,8 +182,7 @@ def generate(target, draft, tok, prompt, gamma: int | str = 4, max_new_tokens: i
 def run_exact(target, batch_invariant: bool, loop, compare=None):
     """Run a speculative `loop()` with the target batch-invariant (or not, `batch_invariant`), then, when `compare`
     is (tok, max_new_tokens, seed, sampling), decode the same prompt plainly into `result.plain`."""
-    if not isinstance(batch_invariant, bool):
-        raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+    checks.flag("batch_invariant", batch_invariant)
     if getattr(getattr(target, "config", None), "compressed_attention", False):
         raise ValueError("speculative decoding rolls back rejected tokens, and a compressed-attention target's cache "
                          "cannot (finished blocks are merged into entries): use a dense target")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit import checks
 from labkit.speculative.verify import residual
 
 __all__ = ["TokenTree", "verify_greedy", "verify_sampled"]
@@ -128,8 +129,7 @@ class TokenTree:
         best nodes by (value, then shallower, then earlier) therefore always form a tree: EAGLE-2's
         rerank of the draft tree by confidence, with branch agreement as the confidence.
         """
-        if max_nodes is not None and (not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1):
-            raise ValueError(f"max_nodes must be an integer >= 1 (the root counts), got {max_nodes!r}")
+        checks.positive_int("max_nodes", max_nodes, why="the root counts", none_ok=True)
         branches = [list(b) for b in branches]
         weights = [1.0] * len(branches) if weights is None else [float(w) for w in weights]
         if len(weights) != len(branches) or any(w < 0 for w in weights):
@@ -205,7 +205,7 @@ class TokenTree:
 def _token(t, what: str) -> int:
     if isinstance(t, torch.Tensor) and t.numel() == 1:
         t = t.item()
-    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+    if not checks.is_int(t) or t < 0:
         raise ValueError(f"{what} must be a token id (an integer >= 0), got {t!r}")
     return t
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 from labkit.kvcache.base import KVCache
 from labkit.sampling import SamplingParams, make_generator, process_logits, sample_next
@@ -156,11 +157,8 @@ def as_tree_drafter(drafter):
 
 
 def _check(target, drafter, max_nodes, max_new_tokens, sampling) -> None:
-    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1:
-        raise ValueError(f"max_nodes must be an integer >= 1 (tree nodes verified per pass, the root counts), "
-                         f"got {max_nodes!r}")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    checks.positive_int("max_nodes", max_nodes, why="tree nodes verified per pass, the root counts")
+    checks.positive_int("max_new_tokens", max_new_tokens)
     constrained = sorted({"regex", "json_schema", "choices"} & set(sampling))
     if constrained:
         raise ValueError(f"tree speculation does not honour constraints ({', '.join(constrained)}); "

@@ -21,6 +21,7 @@ import heapq
 
 import torch
 
+from labkit import checks
 from labkit.sampling import SamplingParams, process_logits
 from labkit.speculative.drafters import DraftModel, PromptLookup
 from labkit.speculative.tree import TokenTree
@@ -42,8 +43,7 @@ class TreeLookup:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, branches: int = 4, decay: float = 0.5,
                  depth_decay: float = 1.0):
-        if not isinstance(branches, int) or isinstance(branches, bool) or branches < 1:
-            raise ValueError(f"branches must be an integer >= 1, got {branches!r}")
+        checks.positive_int("branches", branches)
         if not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
         self.lookup = PromptLookup(max_ngram, min_ngram)
@@ -54,7 +54,7 @@ class TreeLookup:
 
     def propose_tree(self, history: list[int], max_nodes: int, params: SamplingParams | None = None,
                      generator=None) -> TokenTree:
-        _check_budget(max_nodes)
+        checks.positive_int("max_nodes", max_nodes, why="the root counts")
         ends: list[int] = []
         for end in self.lookup.matches(history):
             if end not in ends:  # a match of n tokens also ends where the match of its last n-1 ends
@@ -70,10 +70,8 @@ class TreeDraftModel:
     """A draft model (the target's vocabulary, its own KV cache) growing the tree best first by path probability."""
 
     def __init__(self, model, width: int = 2, branch_depth: int = 1, max_len: int | None = None):
-        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-            raise ValueError(f"width must be an integer >= 1, got {width!r}")
-        if not isinstance(branch_depth, int) or isinstance(branch_depth, bool) or branch_depth < 0:
-            raise ValueError(f"branch_depth must be an integer >= 0, got {branch_depth!r}")
+        checks.positive_int("width", width)
+        checks.integer("branch_depth", branch_depth, 0)
         self.draft = DraftModel(model, max_len)
         self.model, self.width, self.branch_depth = model, width, branch_depth
 
@@ -83,7 +81,7 @@ class TreeDraftModel:
 
     def propose_tree(self, history: list[int], max_nodes: int, params: SamplingParams | None = None,
                      generator=None) -> TokenTree:
-        _check_budget(max_nodes)
+        checks.positive_int("max_nodes", max_nodes, why="the root counts")
         params = params or SamplingParams()
         tree = TokenTree(history[-1])
         frontier = [(-1.0, 0)]  # (−path probability, node): the most probable node is expanded first
@@ -128,15 +126,10 @@ class ChainTree:
 
     def propose_tree(self, history: list[int], max_nodes: int, params: SamplingParams | None = None,
                      generator=None) -> TokenTree:
-        _check_budget(max_nodes)
+        checks.positive_int("max_nodes", max_nodes, why="the root counts")
         tree, node = TokenTree(history[-1]), 0
         if max_nodes > 1:
             tokens, q = self.drafter.propose(history, max_nodes - 1, params or SamplingParams(), generator)
             for i, x in enumerate(tokens):
                 node = tree.add(node, x) if q is None else tree.add_draw(node, x, q[i])
         return tree
-
-
-def _check_budget(max_nodes) -> None:
-    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1:
-        raise ValueError(f"max_nodes must be an integer >= 1 (the root counts), got {max_nodes!r}")

@@ -27,6 +27,7 @@ import heapq
 from collections import Counter, defaultdict
 from typing import Callable, Iterable
 
+from labkit import checks
 from labkit.tokenizer.pretokenize import split
 
 __all__ = ["get_stats", "merge", "count_pieces", "train_naive", "train_incremental", "best_pair"]
@@ -171,8 +172,7 @@ def train_tokenizer(cls, text, vocab_size, pattern, special_tokens, progress, bo
     special_tokens = list(special_tokens)
     if len(set(special_tokens)) != len(special_tokens) or not all(isinstance(s, str) and s for s in special_tokens):
         raise ValueError(f"special_tokens must be distinct non-empty strings, got {special_tokens}")
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
-        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    checks.integer("vocab_size", vocab_size, error=TypeError)
     smallest = 256 + len(special_tokens)
     if vocab_size < smallest:
         raise ValueError(f"vocab_size must be at least 256 + {len(special_tokens)} special tokens = {smallest}, got {vocab_size}")

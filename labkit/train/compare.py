@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit import checks
 from labkit.data import corpus
 from labkit.generation.latency import filler_ids, time_steps
 from labkit.model.transformer import Transformer
@@ -32,8 +33,7 @@ VAL_TOKENS = 8192  # tokens of held-out text scored at every context (32 windows
 
 def kv_bytes_at(model, n_tokens: int) -> int:
     """Bytes the model's own cache allocates for one sequence of `n_tokens` (a dense model: contiguous)."""
-    if not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or n_tokens < 1:
-        raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}")
+    checks.positive_int("n_tokens", n_tokens)
     return model.new_cache(max_len=n_tokens).bytes_allocated()
 
 

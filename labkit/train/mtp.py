@@ -65,7 +65,7 @@ def chat_prompts(passages: list[str], quick: bool = False) -> list[str]:
 def generate_conversations(model, tok, prompts: list[str], max_new_tokens: int = 96, max_batch: int = 16,
                            progress: bool = True) -> list[list[int]]:
     """Each prompt in the chat template + SmolLM2's greedy reply (to EOS or max_new_tokens), as token ids."""
-    from labkit.serving.specload import serve_once
+    from labkit.serving.studies.specload import serve_once
 
     reqs = serve_once(model, tok, prompts, max_new_tokens, max_batch=max_batch, min_token_budget=1024,
                       batch_invariant=False, prefix_cache=True, progress=progress)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from labkit import checks
 from labkit.model.config import ModelConfig
 
 __all__ = ["TrainSettings", "Recipe", "RECIPES", "recipe"]
@@ -40,9 +41,7 @@ class TrainSettings:
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "seq_len", "warmup", "eval_every", "eval_windows"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "warmup" else 1):
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            checks.integer(name, getattr(self, name), 0 if name == "warmup" else 1)
         if not 0 < self.min_lr <= self.lr:
             raise ValueError(f"need 0 < min_lr <= lr, got min_lr={self.min_lr}, lr={self.lr}")
         if not 0 <= self.distill <= 1:

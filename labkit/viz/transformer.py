@@ -14,14 +14,10 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from labkit import checks
 from labkit.model.rope import angles
 
 __all__ = ["rope_figure", "rope_scores", "attention_heatmap", "param_breakdown_figure"]
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
 
 
 def rope_scores(query_pos: int, offsets, head_dim: int = 64, base: float = 100000.0, seed: int = 0) -> list[float]:
@@ -47,11 +43,11 @@ def rope_figure(position: int = 10, freq_index: int = 0, head_dim: int = 64, bas
     θ_i = base^(-2i/d); (right) the relative-position property: q·k scores against the key
     offset, for a query at position 0 and at `position` - the two curves lie on top of each other.
     """
-    _check_int("head_dim", head_dim, 2, 4096)
+    checks.integer("head_dim", head_dim, 2, 4096)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
-    _check_int("position", position, 0, 100_000)
-    _check_int("freq_index", freq_index, 0, head_dim // 2 - 1)
+    checks.integer("position", position, 0, 100_000)
+    checks.integer("freq_index", freq_index, 0, head_dim // 2 - 1)
     theta_i = base ** (-2 * freq_index / head_dim)
     trail = [m * theta_i for m in range(position + 1)]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.42, 0.58], subplot_titles=(
@@ -92,7 +88,7 @@ def attention_heatmap(probs, tokens: list[str], head: int = 0, title: str | None
         raise ValueError(f"probs must have shape [n_heads, T, T], got {tuple(probs.shape)}")
     if len(tokens) != probs.shape[1]:
         raise ValueError(f"got {len(tokens)} token labels for {probs.shape[1]} positions")
-    _check_int("head", head, 0, probs.shape[0] - 1)
+    checks.integer("head", head, 0, probs.shape[0] - 1)
     labels = [f"{i}:{t}" for i, t in enumerate(tokens)]  # unique labels, even for repeated tokens
     fig = go.Figure(go.Heatmap(z=probs[head].tolist(), x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
                                hovertemplate="query %{y}<br>key %{x}<br>p = %{z:.3f}<extra></extra>"))

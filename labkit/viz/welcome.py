@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from labkit import checks
+
 __all__ = ["decode_speed_bound", "decode_speed_figure", "format_params", "MODEL_SIZES", "WEIGHT_FORMATS"]
 
 # Parameter counts of well-known models (slider stops).
@@ -18,20 +20,15 @@ MODEL_SIZES = {
 WEIGHT_FORMATS = {"fp32": 4.0, "bf16": 2.0, "int8 (Q8_0)": 34 / 32, "int4 (Q4_1)": 20 / 32}
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-
-
 def decode_speed_bound(n_params: float, bytes_per_weight: float, bandwidth_gb_s: float) -> float:
     """Upper bound on batch-1 decode tokens/s: every weight is read once per token.
 
     >>> round(decode_speed_bound(135e6, 4.0, 10.0), 1)
     18.5
     """
-    _check_positive("n_params", n_params)
-    _check_positive("bytes_per_weight", bytes_per_weight)
-    _check_positive("bandwidth_gb_s", bandwidth_gb_s)
+    checks.positive("n_params", n_params)
+    checks.positive("bytes_per_weight", bytes_per_weight)
+    checks.positive("bandwidth_gb_s", bandwidth_gb_s)
     return bandwidth_gb_s * 1e9 / (n_params * bytes_per_weight)
 
 

@@ -2,7 +2,7 @@
 
 Three ways to spend two workers on one model, each run for real on two processes that
 talk through `torch.distributed` (gloo, on this machine's loopback; see
-`labkit.serving._dist`):
+`labkit.serving.studies._dist`):
 
 * **Tensor parallelism** (`shard`, `run_tensor_parallel`), Megatron-LM's scheme (Shoeybi
   et al. 2019): every weight matrix of a block is cut in `world` pieces, so each rank reads
@@ -26,9 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 from labkit.model.transformer import Transformer, linear
-from labkit.serving._dist import check_request, decode_greedy, launch, load_named, prefill_last
+from labkit.serving.studies._dist import check_request, decode_greedy, launch, load_named, prefill_last
 
 __all__ = ["AllReduceLinear", "shard", "all_reduce_stats", "run_tensor_parallel", "run_disaggregated",
            "run_data_parallel"]
@@ -65,10 +66,8 @@ class AllReduceLinear(nn.Module):
 def _check_shard(model, rank, world) -> None:
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a labkit Transformer, got {type(model).__name__}")
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-        raise ValueError(f"world must be a positive integer, got {world!r}")
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
-        raise ValueError(f"rank must be an integer in [0, {world}) (world={world}), got {rank!r}")
+    checks.positive_int("world", world)
+    checks.integer("rank", rank, 0, world - 1, why=f"world={world}")
     cfg = model.config
     if cfg.compressed_attention:
         raise ValueError(f"{cfg.name!r} has compressed attention (csa_block > 0): tensor parallelism here splits dense "

@@ -11,7 +11,7 @@ the prompts; the price is the transfer (2 · n_layers · n_kv_heads · head_dim 
 token, once per request) and that each instance serves one phase only.
 
 `replay_disaggregated(prefill, decode, requests, link_bytes_per_s=...)` runs a trace that way,
-on this machine, in one process. Like `labkit.serving.router.replay_replicas`, each engine keeps
+on this machine, in one process. Like `labkit.serving.studies.router.replay_replicas`, each engine keeps
 its own *measured virtual clock* (they run one after another here, as if each had its own
 machine):
 
@@ -38,9 +38,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
-from labkit.serving.engine import Engine, Replay
-from labkit.serving.request import Request
+from labkit.serving.engine.loop import Engine, Replay
+from labkit.serving.engine.request import Request
 
 __all__ = ["replay_disaggregated", "Transfer"]
 
@@ -70,9 +71,7 @@ def _check(prefill: Engine, decode: Engine, requests: list[Request], link_bytes_
         raise ValueError(f"prefill and decode must be Engines, got {type(prefill).__name__} and {type(decode).__name__}")
     if prefill is decode:
         raise ValueError("prefill and decode must be two different engines (two instances), got the same one twice")
-    if not (isinstance(link_bytes_per_s, (int, float)) and not isinstance(link_bytes_per_s, bool)
-            and link_bytes_per_s > 0):
-        raise ValueError(f"link_bytes_per_s must be a positive number (bytes per second), got {link_bytes_per_s!r}")
+    checks.positive("link_bytes_per_s", link_bytes_per_s, why="bytes per second")
     if not requests:
         raise ValueError("requests must hold at least one Request, got none")
     if len({r.id for r in requests}) != len(requests):

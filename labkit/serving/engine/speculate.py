@@ -2,7 +2,7 @@
 
 Before a pass, every running request that decodes (its prompt cached, one token to run) asks the
 drafter for tokens that may follow (`labkit.speculative` drafters: `PromptLookup`, a
-`DraftModel`), and the budget (`labkit.serving.budget`) says how many of them go into the pass.
+`DraftModel`), and the budget (`labkit.serving.engine.budget`) says how many of them go into the pass.
 The scheduler gives such a request a row of 1 + k tokens (its last emitted token, then its k
 drafted ones, before any prompt chunk: vLLM v1's order), and the pass keeps the logits of all
 k + 1 positions of that row (`PagedBatch.plan(rows, logits=...)`). Verification is
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from labkit.sampling import process_logits
-from labkit.serving.budget import SpecBudget, spec_budget
+from labkit.serving.engine.budget import SpecBudget, spec_budget
 from labkit.speculative.verify import accept_greedy, accept_sampled
 
 __all__ = ["Speculator"]

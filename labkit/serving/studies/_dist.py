@@ -1,4 +1,4 @@
-"""The plumbing under `labkit.serving.parallel`: start ranks, load a model by name, decode greedily.
+"""The plumbing under `labkit.serving.studies.parallel`: start ranks, load a model by name, decode greedily.
 
 `launch(worker, world, args)` starts `world` processes with `torch.multiprocessing`'s spawn
 context (a fresh interpreter each: no forked threads, no shared state), joins them into one
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 from labkit.data import paths
 
@@ -64,8 +65,7 @@ def launch(worker, world: int, args: tuple = (), timeout_s: float = 120.0) -> li
     Raises RuntimeError with the child's traceback when a rank fails (or dies without a
     word), TimeoutError when the ranks are not all done after `timeout_s` seconds.
     """
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-        raise ValueError(f"world must be a positive integer, got {world!r}")
+    checks.positive_int("world", world)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -132,10 +132,9 @@ def check_request(model_name, prompts, n_new) -> None:
         raise ValueError(f"model_name must be one of {model_names()}, got {model_name!r}")
     for ids in prompts:
         if (not isinstance(ids, (list, tuple)) or not ids
-                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+                or not all(checks.is_int(t) and t >= 0 for t in ids)):
             raise ValueError(f"prompt_ids must be a non-empty list of token ids (ints >= 0), got {ids!r}")
-    if not isinstance(n_new, int) or isinstance(n_new, bool) or n_new < 1:
-        raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
+    checks.positive_int("n_new", n_new)
 
 
 # ---- greedy decoding, in two stages that can run on different ranks ------------------

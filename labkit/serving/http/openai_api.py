@@ -15,7 +15,7 @@ that names it, never accepted and ignored. What is implemented follows the API r
     >>> parse_chat({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "temperature": "0.7"}, "m")
     Traceback (most recent call last):
     ...
-    labkit.serving.openai_api.ApiError: temperature: Input should be a valid number (got '0.7')
+    labkit.serving.http.openai_api.ApiError: temperature: Input should be a valid number (got '0.7')
 """
 from __future__ import annotations
 

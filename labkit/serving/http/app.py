@@ -22,9 +22,9 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from labkit.serving.openai_api import ApiError, parse_chat, parse_completion
-from labkit.serving.reply_text import ReplyText, logprob_entry, legacy_logprobs
-from labkit.serving.runtime import Overloaded
+from labkit.serving.http.openai_api import ApiError, parse_chat, parse_completion
+from labkit.serving.http.reply_text import ReplyText, logprob_entry, legacy_logprobs
+from labkit.serving.engine.runtime import Overloaded
 
 __all__ = ["create_app", "read_json"]
 
@@ -90,7 +90,7 @@ def _error(err: ApiError) -> JSONResponse:
 
 
 def create_app(srv) -> FastAPI:
-    """The app for a `labkit.serving.server.Server` (its tokenizer, engine thread, limits and metrics)."""
+    """The app for a `labkit.serving.http.server.Server` (its tokenizer, engine thread, limits and metrics)."""
     app = FastAPI(title="labkit", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ApiError)

@@ -12,8 +12,8 @@ PROMPTS = ["Tell me about the moon.", "What is a prime number?", "Name three riv
 
 def endpoint(model, tok, quick: bool) -> dict:
     """`labkit serve` in this process, a bounded load test from client threads, then a clean stop."""
-    from labkit.serving.client import load_test
-    from labkit.serving.server import Server
+    from labkit.serving.http.client import load_test
+    from labkit.serving.http.server import Server
 
     prompts = PROMPTS[:4] if quick else PROMPTS * 2
     out = {}
@@ -36,7 +36,7 @@ def endpoint(model, tok, quick: bool) -> dict:
 def two_processes(quick: bool) -> dict:
     """TP=2 vs one process, prefill in one process and decode in another, two data-parallel replicas (gloo)."""
     from labkit.costmodel import hardware
-    from labkit.serving import parallel
+    from labkit.serving.studies import parallel
 
     prompt = list(range(5, 5 + (32 if quick else 128)))
     n_new = 8 if quick else 24

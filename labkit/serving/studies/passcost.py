@@ -22,6 +22,7 @@ import statistics
 import numpy as np
 import torch
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 from labkit.kvcache.batch import PagedBatch
 
@@ -30,7 +31,7 @@ __all__ = ["measure_pass_costs", "step_time"]
 
 def _check_sizes(name: str, values) -> list[int]:
     values = list(values)
-    if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
+    if not values or any(not checks.is_int(v) or v < 1 for v in values):
         raise ValueError(f"{name} must be a non-empty list of positive integers, got {values!r}")
     return sorted(set(values))
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from labkit.serving.request import Request
+from labkit import checks
+from labkit.serving.engine.request import Request
 
 __all__ = ["poisson_trace", "summarize", "percentile", "fresh"]
 
@@ -91,8 +92,7 @@ def summarize(replay, ttft_slo_s: float = 1.0, itl_slo_s: float = 0.1, max_token
     reqs = replay.requests
     if max_tokens is None:
         max_tokens = max((r.max_new_tokens for r in reqs), default=1)
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive integer (the reply cap clients asked for), got {max_tokens!r}")
+    checks.positive_int("max_tokens", max_tokens, why="the reply cap clients asked for")
     unfinished = [r.id for r in reqs if r.finish is None]
     if unfinished:
         raise ValueError(f"requests {unfinished[:5]} did not finish: replay the trace to its end first")

@@ -18,10 +18,10 @@ without speculation finishes requests when every request arrives at once.
 """
 from __future__ import annotations
 
-from labkit.serving.engine import Engine
-from labkit.serving.recorded import RecordedModel
-from labkit.serving.request import Request
-from labkit.serving.trace import summarize
+from labkit.serving.engine.loop import Engine
+from labkit.serving.studies.recorded import RecordedModel
+from labkit.serving.engine.request import Request
+from labkit.serving.studies.trace import summarize
 
 __all__ = ["workload_prompts", "serve_once", "record", "trace", "replay", "sweep", "capacity", "ratios", "ModelledHead", "only",
            "BUDGETS", "CHAT"]

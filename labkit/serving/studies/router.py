@@ -19,8 +19,9 @@ which requests each replica has finished by then.
 """
 from __future__ import annotations
 
-from labkit.serving.engine import Engine, Replay
-from labkit.serving.request import Request
+from labkit import checks
+from labkit.serving.engine.loop import Engine, Replay
+from labkit.serving.engine.request import Request
 
 __all__ = ["Router", "ROUTERS", "replay_replicas", "request_work"]
 
@@ -36,8 +37,7 @@ class Router:
     """Pick a replica for each request: `policy` "round_robin" or "least_work" (ties to the lowest index)."""
 
     def __init__(self, n_replicas: int, policy: str = "least_work", expected_reply: int | None = None):
-        if not isinstance(n_replicas, int) or isinstance(n_replicas, bool) or n_replicas < 1:
-            raise ValueError(f"n_replicas must be a positive integer, got {n_replicas!r}")
+        checks.positive_int("n_replicas", n_replicas)
         if policy not in ROUTERS:
             raise ValueError(f"policy must be one of {ROUTERS}, got {policy!r}")
         if expected_reply is not None and (not isinstance(expected_reply, int) or expected_reply < 0):

@@ -19,10 +19,10 @@ tests (the accepted ones and the first rejected one) moves it toward 1 or 0 by a
 (0.5: the last few verifications count most), starting from the acceptance pooled over every request
 verified so far. Acceptance comes in runs (a request copying a passage from its prompt keeps being
 right; one whose draft was just rejected often is again), so the recent outcome predicts better than
-the request's whole history. T(n), the seconds of a pass of n tokens: a least-squares
-fit to the engine's recent passes (the last 256) whose token counts lie near n (n/2 to 2n + 16), with
+the request's whole history. T(n), the seconds of a pass of n tokens: a least-squares fit to the engine's
+recent passes (the last `recent_passes`, 256 by default) whose token counts lie near n (n/2 to 2n + 16), with
 the number of sequences in the pass as a second variable wherever the two vary apart (the prompt
-chunks riding in a pass count as one sequence; beyond the fitted window T is extrapolated linearly). A drafted token
+chunks riding in a pass count as one sequence; beyond the counts fitted, T is extrapolated linearly). A drafted token
 adds a token to the pass, not a sequence, and the keys and values that more sequences read (a large
 part of a GPU pass, modelled) are then not charged to it. A cost can also be given beforehand
 (`passcost.step_time(passcost.measure_pass_costs(...))`).
@@ -52,15 +52,11 @@ from __future__ import annotations
 import re
 from collections import deque
 
+from labkit import checks
+
 __all__ = ["SpecBudget", "Off", "Fixed", "BatchCap", "LoadAware", "spec_budget", "GAMMA_LIMIT"]
 
 GAMMA_LIMIT = 16  # the most drafted tokens a request may carry in one pass (a pass's rows stay row-invariant up to 16)
-
-
-def _gamma(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= GAMMA_LIMIT:
-        raise ValueError(f"{name} must be an integer in [1, {GAMMA_LIMIT}], got {value!r}")
-    return value
 
 
 class SpecBudget:
@@ -95,7 +91,7 @@ class Fixed(SpecBudget):
     """Up to `gamma` drafted tokens per decoding request in every pass."""
 
     def __init__(self, gamma: int = 3):
-        self.gamma_max = _gamma("gamma", gamma)
+        self.gamma_max = checks.integer("gamma", gamma, 1, GAMMA_LIMIT)
         self.name = f"fixed:{gamma}"
 
     def choose(self, drafts, *, batch, riding=0, decoding=None, room=None):
@@ -107,8 +103,7 @@ class BatchCap(Fixed):
 
     def __init__(self, max_batch: int, gamma: int = 3):
         super().__init__(gamma)
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        self.max_batch = checks.positive_int("max_batch", max_batch)
         self.max_batch, self.name = max_batch, f"vllm:{max_batch}:{gamma}"
 
     def choose(self, drafts, *, batch, riding=0, decoding=None, room=None):
@@ -121,18 +116,22 @@ class LoadAware(SpecBudget):
 
     name = "auto"
 
-    def __init__(self, cost=None, gamma_max: int = 8, recency: float = 0.5, probe_every: int = 8, window: int = 256):
-        self.gamma_max = _gamma("gamma_max", gamma_max)
-        if not (isinstance(recency, (int, float)) and 0 <= recency < 1):
-            raise ValueError(f"recency must be a number in [0, 1), got {recency!r}")
-        for name, value in (("probe_every", probe_every), ("window", window)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    def __init__(self, cost=None, gamma_max: int = 8, recency: float = 0.5, probe_every: int = 8,
+                 recent_passes: int = 256, **renamed):
+        if "window" in renamed:
+            raise ValueError(f"LoadAware has no window=; it is recent_passes= (how many of the engine's recent passes "
+                             f"the pass-cost fit reads), got window={renamed['window']!r}")
+        if renamed:
+            raise TypeError(f"LoadAware got unexpected argument(s) {sorted(renamed)}")
+        self.gamma_max = checks.integer("gamma_max", gamma_max, 1, GAMMA_LIMIT)
+        checks.probability("recency", recency, high_open=True)
+        checks.positive_int("probe_every", probe_every)
+        checks.positive_int("recent_passes", recent_passes)
         if cost is not None and not callable(cost):
             raise TypeError(f"cost must be a callable tokens -> seconds or None, got {type(cost).__name__}")
         self.cost, self.recency, self.probe_every = cost, float(recency), probe_every
         self.recent: dict = {}             # request id -> its recency-weighted acceptance
-        self.passes: deque = deque(maxlen=window)  # (tokens, seconds) of the engine's recent passes
+        self.passes: deque = deque(maxlen=recent_passes)  # (tokens, seconds) of the engine's recent passes
         self.tested = self.accepted = 0    # pooled over every request verified
         self.idle: dict = {}               # request id -> passes since it last verified a drafted token
         self.since = 0                     # passes since any request verified one

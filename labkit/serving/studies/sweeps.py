@@ -7,10 +7,10 @@
 - `shared_prefix`: requests that share a long system prompt, served with and without automatic
   prefix caching (TTFT, the tokens prefilled, the hit rate, and whether the replies agree).
 - `routing`: one trace over two (or more) data-parallel replicas, routed round robin and by least
-  outstanding work (`labkit.serving.router`).
+  outstanding work (`labkit.serving.studies.router`).
 - `disaggregation`: DistServe's argument on two workers: the decoding requests' ITL while long prompts
   arrive, co-located (two replicas, continuous or chunked) vs one prefill and one decode engine with the KV
-  cache sent between them (`labkit.serving.disagg`), and what the transfer costs.
+  cache sent between them (`labkit.serving.studies.disagg`), and what the transfer costs.
 - `simulate`: replay a trace through the real scheduler with *modelled* step times instead
   of a model (`step_time(rows) -> seconds`, e.g. from `labkit.costmodel` for a GPU), so the
   same policies can be compared on hardware this machine is not.
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 from labkit.kvcache.blocks import BlockTables
-from labkit.serving.engine import Engine, Replay, Step, run_trace
-from labkit.serving.request import Request
-from labkit.serving.scheduler import Scheduler
+from labkit.serving.engine.loop import Engine, Replay, Step, run_trace
+from labkit.serving.engine.request import Request
+from labkit.serving.engine.scheduler import Scheduler
 
 __all__ = ["batch_sweep", "prefill_interference", "shared_prefix", "routing", "disaggregation", "simulate"]
 
@@ -111,7 +112,7 @@ def shared_prefix(model, system: list[int], questions: list[list[int]], *, max_n
     long enough that no request waits for another (the replay skips idle time, so it costs nothing): the
     TTFTs compare prefills, not queues.
     """
-    from labkit.serving.trace import summarize
+    from labkit.serving.studies.trace import summarize
 
     if not system or not questions or not all(questions):
         raise ValueError("system and every question must hold at least one token id")
@@ -136,8 +137,8 @@ def routing(model, requests: list[Request], n_replicas: int = 2, *, policy: str 
     Each replica keeps its own measured clock (they run one after another on this machine, as if each
     had its own), so the TTFTs are those of replicas working side by side.
     """
-    from labkit.serving.router import ROUTERS, Router, replay_replicas
-    from labkit.serving.trace import fresh, summarize
+    from labkit.serving.studies.router import ROUTERS, Router, replay_replicas
+    from labkit.serving.studies.trace import fresh, summarize
 
     n_blocks = max_batch * max(-(-(r.max_len + 1) // block_size) for r in requests)  # room for the longest, max_batch times
     out = {}
@@ -210,7 +211,7 @@ def _disagg_trace(model, n_running: int, long_prompts: int, long_prompt: int, sh
 def _latencies(replay: Replay, n_running: int, side: dict | None) -> dict:
     """The short requests' ITLs (all, and those overlapping a long prompt's prefill on their side: `side` maps a
     request id to its replica, None for one decode engine) and the long prompts' TTFTs."""
-    from labkit.serving.trace import percentile, summarize
+    from labkit.serving.studies.trace import percentile, summarize
 
     where = (lambda r: side[r.id]) if side else (lambda r: 0)
     windows = [(where(r), r.arrival, r.first_token) for r in replay.requests if r.id >= n_running]
@@ -235,7 +236,7 @@ def disaggregation(model, *, n_running: int = 4, long_prompts: int = 2, long_pro
     replies' decoding, timed by a decode step measured first), replayed three ways on two workers each, greedy,
     prefix caching off: co-located, two data-parallel replicas (round robin) each running prefill and decode,
     with policy "continuous" and with "chunked" (token budget n_running + `chunk`); and disaggregated, one
-    prefill-only engine and one decode-only (`labkit.serving.disagg`). Every pass is measured; the KV link is
+    prefill-only engine and one decode-only (`labkit.serving.studies.disagg`). Every pass is measured; the KV link is
     modelled at `link_gb_s` GB/s (default 12.5: 100 Gb/s Ethernet, the slow end; NVLink on an H100 SXM is 450
     each way, 900 both), so price other links with `kv_bytes_per_token` (in the cache's dtype: float32 here, half that in 16 bits).
 
@@ -246,16 +247,15 @@ def disaggregation(model, *, n_running: int = 4, long_prompts: int = 2, long_pro
     `same_outputs` (every reply identical three ways), `trace` (the sizes), `step_s` (the probe's decode step),
     `link_gb_s` and `kv_bytes_per_token`.
     """
-    from labkit.serving.disagg import replay_disaggregated
-    from labkit.serving.router import Router, replay_replicas
-    from labkit.serving.trace import fresh
+    from labkit.serving.studies.disagg import replay_disaggregated
+    from labkit.serving.studies.router import Router, replay_replicas
+    from labkit.serving.studies.trace import fresh
 
     sizes = dict(n_running=(n_running, 1), long_prompts=(long_prompts, 1), long_prompt=(long_prompt, 1),
                  short_prompt=(short_prompt, 1), reply=(reply, 2), long_reply=(long_reply, 2), chunk=(chunk, 1),
                  block_size=(block_size, 1))  # a reply of 2 at least: every request goes on to the decode engine
     for name, (value, least) in sizes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        checks.integer(name, value, least)
     if not (isinstance(link_gb_s, (int, float)) and link_gb_s > 0):
         raise ValueError(f"link_gb_s must be a positive number of GB/s, got {link_gb_s!r}")
     need = n_running * short_prompt + long_prompts * long_prompt

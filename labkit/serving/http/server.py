@@ -5,9 +5,9 @@
     # any OpenAI client: OpenAI(base_url=url + "/v1", api_key="none").chat.completions.create(...)
     server.stop()
 
-The stack is the one this field's servers use: a FastAPI app (`labkit.serving.app`) on
+The stack is the one this field's servers use: a FastAPI app (`labkit.serving.http.app`) on
 uvicorn, here in a background thread so a notebook can start and stop it; the engine runs
-in a thread of its own (`labkit.serving.runtime.EngineThread`) and is the only code that
+in a thread of its own (`labkit.serving.engine.runtime.EngineThread`) and is the only code that
 touches the model. It binds 127.0.0.1; another host needs `allow_remote=True` and warns.
 
 The KV pool is sized by memory, not by the model's whole context times the batch:
@@ -27,13 +27,14 @@ import warnings
 
 import torch
 
+from labkit import checks
 from labkit.kvcache.memory import kv_bytes_per_token
 from labkit.sampling.constrained import make_constraint
-from labkit.serving.engine import Engine
-from labkit.serving.metrics import ServerMetrics
-from labkit.serving.openai_api import ApiError, Job
-from labkit.serving.request import Request
-from labkit.serving.runtime import EngineThread
+from labkit.serving.engine.loop import Engine
+from labkit.serving.http.metrics import ServerMetrics
+from labkit.serving.http.openai_api import ApiError, Job
+from labkit.serving.engine.request import Request
+from labkit.serving.engine.runtime import EngineThread
 
 __all__ = ["Server", "EngineThread", "ApiError", "kv_pool_blocks", "DEFAULT_KV_MEMORY"]
 
@@ -56,9 +57,9 @@ def kv_pool_blocks(model, kv_memory, block_size: int) -> int:
     >>> kv_pool_blocks(ModelConfig.from_name("smollm2-135m"), "256MiB", 16)   # float32 cache
     364
     """
-    if isinstance(kv_memory, float) and not isinstance(kv_memory, bool) and 0 < kv_memory < 1:
+    if isinstance(kv_memory, float) and 0 < kv_memory < 1:
         nbytes = kv_memory * _available_bytes()
-    elif isinstance(kv_memory, int) and not isinstance(kv_memory, bool) and kv_memory > 0:
+    elif checks.is_int(kv_memory) and kv_memory > 0:
         nbytes = kv_memory
     elif isinstance(kv_memory, str) and (m := re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", kv_memory)) \
             and m.group(2).lower() in _UNITS:
@@ -105,8 +106,7 @@ class Server:
             warnings.warn(f"labkit serve listens on {host}: anyone who can reach this machine can use the model",
                           stacklevel=2)
         for name, value in (("max_tokens_limit", max_tokens_limit), ("max_body", max_body)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            checks.positive_int(name, value)
         engine_opts.setdefault("policy", "chunked")  # as `labkit serve`: a long prompt never stalls the others
         if engine_opts.get("num_blocks") is None:
             engine_opts["num_blocks"] = kv_pool_blocks(model, kv_memory, engine_opts.get("block_size", 16))
@@ -135,7 +135,7 @@ class Server:
     def start(self, timeout: float = 30.0) -> str:
         import uvicorn
 
-        from labkit.serving.app import create_app
+        from labkit.serving.http.app import create_app
 
         self._sock = socket.create_server((self.host, self.port), backlog=1024)
         config = uvicorn.Config(create_app(self), http=_http_protocol(), log_level="warning", access_log=False,

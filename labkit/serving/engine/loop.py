@@ -19,20 +19,21 @@ from contextlib import nullcontext
 
 import torch
 
+from labkit import checks
 from labkit.kvcache.batch import PagedBatch
 from labkit.measure import Stopwatch
 from labkit.model.kernels import batch_invariant as invariant
 from labkit.sampling.pipeline import sample_next
-from labkit.serving.request import Request, Status
-from labkit.serving.scheduler import Scheduler
-from labkit.serving.steps import PassFailed, Replay, Step, _logprobs
-from labkit.serving.speculate import Speculator
+from labkit.serving.engine.request import Request, Status
+from labkit.serving.engine.scheduler import Scheduler
+from labkit.serving.engine.steps import PassFailed, Replay, Step, _logprobs
+from labkit.serving.engine.speculate import Speculator
 
 __all__ = ["Engine", "Step", "Replay", "run_trace", "PassFailed"]
 
 
 class Engine:
-    """Serve `model` with a `policy` ("static", "continuous", "orca" or "chunked", see `labkit.serving.scheduler`).
+    """Serve `model` with a `policy` ("static", "continuous", "orca" or "chunked", see `labkit.serving.engine.scheduler`).
 
     The KV pool holds `num_blocks` blocks of `block_size` tokens (default: room for
     `max_batch` requests of the whole context). `prefix_cache` (on by default, as in vLLM and
@@ -41,7 +42,7 @@ class Engine:
 
     `drafter` (a `labkit.speculative` drafter, e.g. `PromptLookup()`) turns speculation on, with
     `spec_budget` deciding per pass how many drafted tokens each request verifies ("off", "fixed:N",
-    "vllm:B[:N]", "auto" or a `labkit.serving.budget.SpecBudget`; see `labkit.serving.speculate`).
+    "vllm:B[:N]", "auto" or a `labkit.serving.engine.budget.SpecBudget`; see `labkit.serving.engine.speculate`).
     `batch_invariant`: every pass of up to 16 tokens gives each row the bits it gets alone (the model's
     switch, and each query attending alone), so a request's greedy reply does not depend on what shares its
     passes: with drafts or without, under any load.
@@ -58,10 +59,8 @@ class Engine:
                  block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0,
                  prefix_cache: bool = True, drafter=None, spec_budget="auto", batch_invariant: bool = False,
                  pass_time=None, host_time: bool = False):
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        checks.positive_int("block_size", block_size)
+        checks.positive_int("max_batch", max_batch)
         if num_blocks is None:
             num_blocks = max_batch * -(-model.config.max_seq_len // block_size)
         self.model = model
@@ -69,15 +68,12 @@ class Engine:
                                 device=model.device)
         self.scheduler = Scheduler(self.cache.tables, policy=policy, max_batch=max_batch, token_budget=token_budget,
                                    context=model.config.max_seq_len, max_wait_s=max_wait_s, prefix_cache=prefix_cache)
-        if not isinstance(batch_invariant, bool):
-            raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+        checks.flag("batch_invariant", batch_invariant)
         self.speculator = None if drafter is None else Speculator(drafter, spec_budget)
         if pass_time is not None and not callable(pass_time):
             raise ValueError(f"pass_time must be None or a callable rows -> seconds, got {type(pass_time).__name__}")
         self.pass_time = pass_time
-        if not isinstance(host_time, bool):
-            raise ValueError(f"host_time must be True or False, got {host_time!r}")
-        self.host_time = host_time
+        self.host_time = checks.flag("host_time", host_time)
         self.batch_invariant = batch_invariant
         self.steps: list[Step] = []
         self.listeners: dict = {}  # request id -> callable(request, token) (the server streams through it)
@@ -244,7 +240,7 @@ class Engine:
             bar.close()
         return Replay(self.policy, list(requests), self.steps[first_step:], self.scheduler.preemptions)
 
-    # ---- disaggregated prefill (labkit.serving.disagg) ------------------------------------------
+    # ---- disaggregated prefill (labkit.serving.studies.disagg) ------------------------------------------
 
     def hand_off(self, req: Request) -> tuple[torch.Tensor, torch.Tensor]:
         """Let running `req` go on elsewhere once it has its first token: its keys and values (a copy, from

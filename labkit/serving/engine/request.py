@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from labkit import checks
 from labkit.sampling.pipeline import SamplingParams, make_generator
 
 __all__ = ["Request", "Status"]
@@ -63,8 +64,7 @@ class Request:
             raise ValueError(f"prompt of request {self.id!r} must be a non-empty list of token ids")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens of request {self.id!r} must be a positive integer, got {self.max_new_tokens!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed of request {self.id!r} must be an integer or None, got {self.seed!r}")
+        checks.integer(f"seed of request {self.id!r}", self.seed, none_ok=True)
         if isinstance(self.params, dict):
             self.params = SamplingParams.from_kwargs(**self.params)  # unknown names: a TypeError listing them
         elif not isinstance(self.params, SamplingParams):

@@ -1,4 +1,4 @@
-"""The stored KV-compression runs chapter 04 reads: `python -m labkit.benchmarks._kv_compression --json data/kv_compression.json`.
+"""The stored KV-compression runs chapter 04 reads: `python -m labkit.benchmarks.kv_compression --json data/kv_compression.json`.
 
 Two parts, both printed as `labkit bench --only kvcache` prints them:
 
@@ -26,7 +26,7 @@ STORED = dict(length=4096, fractions=(0.1, 0.25, 0.5), trials=3, positions=[512,
 def run_stored(plan: dict | None = None) -> dict:
     import torch
 
-    from labkit.benchmarks._models import load_or_skip
+    from labkit.benchmarks.loading import load_or_skip
     from labkit.benchmarks.kvcache import compression_tables, csa_section
     from labkit.costmodel.cpu import cpu_info
 
@@ -38,7 +38,7 @@ def run_stored(plan: dict | None = None) -> dict:
     csa = csa_section(quick=False)
     return {"cpu": cpu_info(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "eviction": eviction, "compressed_attention": csa, "wall_s": clock_now() - start,
-            "command": "python -m labkit.benchmarks._kv_compression --json data/kv_compression.json"}
+            "command": "python -m labkit.benchmarks.kv_compression --json data/kv_compression.json"}
 
 
 def main(argv=None) -> int:

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from labkit import checks
 from labkit.kvcache.blocks import BlockTables
-from labkit.serving.request import Request, Status
+from labkit.serving.engine.request import Request, Status
 
 __all__ = ["Scheduler", "POLICIES"]
 
@@ -50,15 +51,13 @@ class Scheduler:
                  prefix_cache: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        checks.positive_int("max_batch", max_batch)
         if not isinstance(token_budget, int) or token_budget < blocks.block_size:
             raise ValueError(f"token_budget must be an integer of at least one block ({blocks.block_size} tokens), "
                              f"got {token_budget!r}")
         if not (isinstance(max_wait_s, (int, float)) and max_wait_s >= 0):
             raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
-        if not isinstance(prefix_cache, bool):
-            raise ValueError(f"prefix_cache must be True or False, got {prefix_cache!r}")
+        checks.flag("prefix_cache", prefix_cache)
         self.blocks, self.policy, self.prefix_cache = blocks, policy, prefix_cache
         self.max_batch, self.token_budget, self.context, self.max_wait_s = max_batch, token_budget, context, max_wait_s
         self.waiting: deque[Request] = deque()

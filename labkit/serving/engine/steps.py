@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labkit.serving.request import Request
+from labkit.serving.engine.request import Request
 
 __all__ = ["Step", "Replay", "PassFailed"]
 

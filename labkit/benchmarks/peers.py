@@ -15,7 +15,7 @@ def load_llama_cpp(n_ctx: int = 1024):
 
     The weights stay in llama.cpp's plain CPU buffers (`use_extra_bufts = False`): no repacking into
     AMX tiles, whose kernel crashes on machines that list AMX but do not grant a process its tiles
-    (measured: a segmentation fault in `ggml_backend_amx_mul_mat`), and which a laptop CPU does not have.
+    (a segmentation fault in `ggml_backend_amx_mul_mat`), and which a laptop CPU does not have.
     """
     import torch
 

@@ -1,8 +1,8 @@
 """Speculation inside the serving engine, under load: each budget across an arrival-rate sweep.
 
-A section of `labkit bench --only serving`; alone, `python -m labkit.benchmarks._serving_spec --json
+A section of `labkit bench --only serving`; alone, `python -m labkit.benchmarks.serving_spec --json
 data/serving_spec.json` writes the file chapter 09 reads. SmolLM2-135M (float32) serves the workload of
-`labkit.serving.specload` once, greedy and batch-invariant, and its replies are recorded; this machine's
+`labkit.serving.studies.specload` once, greedy and batch-invariant, and its replies are recorded; this machine's
 pass costs are measured; then the recorded requests are replayed at each load with each budget through
 the engine (its scheduler, prompt lookup, the budget, verification, rollback) timed by this machine's
 pass costs and by the cost model's H100 running Llama-2-7B (acceptance from SmolLM2's replies). A live
@@ -57,9 +57,9 @@ def _mark(ok: bool) -> str:
 def section(model, tok, quick: bool = False, reuse: dict | None = None) -> dict:
     """Record, measure, sweep, check. `reuse`: a previous report's results, whose recording and pass costs are taken
     as they are (the sweeps and the live check run again)."""
-    from labkit.benchmarks._models import source_ids
-    from labkit.serving import specload
-    from labkit.serving.passcost import measure_pass_costs, step_time
+    from labkit.benchmarks.loading import source_ids
+    from labkit.serving.studies import specload
+    from labkit.serving.studies.passcost import measure_pass_costs, step_time
 
     t0 = clock_now()
     if reuse is not None:
@@ -105,7 +105,7 @@ def live_check(model, recorded: dict, cost, n: int = 12, load: float = 1.0) -> d
     drafts on the wall clock against the replay on the measured pass costs (how well the cost table times it);
     (3) with drafts (auto) and without, both batch-invariant, on the wall clock, whose whole steps include the
     drafting, verification and sampling the replay leaves out: the live speed-up beside the replay's."""
-    from labkit.serving import specload
+    from labkit.serving.studies import specload
 
     sub = {**recorded, **{k: recorded[k][:n] for k in ("kinds", "prompts", "replies")}}
     opts = dict(max_batch=HERE["max_batch"], token_budget=HERE["token_budget"])
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     model, tok = labkit.load("smollm2-135m")
     print(f"on {describe()}")
-    report = {"machine": platform.platform(), "cpu": cpu_info(), "command": "python -m labkit.benchmarks._serving_spec"}
+    report = {"machine": platform.platform(), "cpu": cpu_info(), "command": "python -m labkit.benchmarks.serving_spec"}
     reuse = None
     if args.reuse:
         with open(args.reuse) as f:

@@ -24,9 +24,10 @@ import logging
 import queue
 import threading
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
-from labkit.serving.engine import Engine, PassFailed
-from labkit.serving.request import Request
+from labkit.serving.engine.loop import Engine, PassFailed
+from labkit.serving.engine.request import Request
 
 __all__ = ["EngineThread", "Overloaded"]
 
@@ -46,8 +47,7 @@ class EngineThread:
 
     def __init__(self, engine: Engine, *, max_waiting: int = 64, request_timeout: float | None = 600.0,
                  on_finish=None):
-        if not isinstance(max_waiting, int) or isinstance(max_waiting, bool) or max_waiting < 1:
-            raise ValueError(f"max_waiting must be a positive integer, got {max_waiting!r}")
+        checks.positive_int("max_waiting", max_waiting)
         if request_timeout is not None and not (isinstance(request_timeout, (int, float)) and request_timeout > 0):
             raise ValueError(f"request_timeout must be a positive number of seconds or None, got {request_timeout!r}")
         self.engine, self.max_waiting, self.request_timeout = engine, max_waiting, request_timeout
