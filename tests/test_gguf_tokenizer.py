@@ -71,8 +71,10 @@ def test_bad_gguf_files_name_the_file(tmp_path):
         from_gguf(cut)
     with pytest.raises(ValueError, match="unordered.gguf.*merge order"):
         from_gguf(_write_small_gguf(tmp_path / "unordered.gguf", merges=["c d", "a b", "Ġ ab"]))
-    with pytest.raises(ValueError, match="llama.gguf.*byte-level BPE"):
-        from_gguf(_write_small_gguf(tmp_path / "llama.gguf", model="llama"))
+    with pytest.raises(ValueError, match="rwkv.gguf.*'rwkv'; supported: 'gpt2' \\(byte-level BPE\\) and 'llama'"):
+        from_gguf(_write_small_gguf(tmp_path / "rwkv.gguf", model="rwkv"))
+    with pytest.raises(ValueError, match="llama.gguf.*add_space_prefix is true \\(or absent\\).*not the prefixed space"):
+        from_gguf(_write_small_gguf(tmp_path / "llama.gguf", model="llama"))  # SentencePiece with a prefixed space
     with pytest.raises(FileNotFoundError, match="nowhere.gguf"):
         from_gguf(tmp_path / "nowhere.gguf")
     with pytest.raises(TypeError):

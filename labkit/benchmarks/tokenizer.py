@@ -87,4 +87,35 @@ def run(quick: bool = False) -> dict:
     print(f"  SmolLM2 tokenizer from GGUF: {load_s * 1e3:8.0f} ms")
     print(f"  SmolLM2 chat prompt of {len(ids)} tokens: {first_s * 1e3:.2f} ms cold, {warm_s * 1e3:.2f} ms warm")
     results.update(smollm2_load_s=load_s, smollm2_prompt_tokens=len(ids), smollm2_prompt_cold_s=first_s, smollm2_prompt_warm_s=warm_s)
+    results["gemma3_vs_smollm2"] = _two_tokenizers(smol, val_text[: 50_000 if quick else 200_000], repeat)
     return results
+
+
+def _two_tokenizers(smol, text: str, rounds: int) -> dict:
+    """Gemma 3's SentencePiece-style tokenizer beside SmolLM2's byte-level BPE on the same text, interleaved.
+
+    Equal conditions: the BPE's piece cache is emptied before each of its calls (untimed), as the
+    SentencePiece tokenizer keeps none."""
+    from labkit import measure
+    from labkit.data import paths
+    from labkit.tokenizer.gguf import from_gguf
+
+    try:
+        gemma = from_gguf(paths.gemma3_gguf_path())
+    except FileNotFoundError as exc:
+        print(f"  (Gemma 3 skipped: {exc})")
+        return {"skipped": str(exc)}
+    fns = {"smollm2 bpe": lambda: smol.encode_ordinary(text), "gemma3 spm": lambda: gemma.encode(text, add_bos=False)}
+    counts = {name: len(fn()) for name, fn in fns.items()}
+    run = measure.run(fns, rounds=rounds, setup=lambda name: smol._cache.clear() if name == "smollm2 bpe" else None)
+    words, size = len(text.split()), len(text.encode("utf-8"))
+    out = {"text_bytes": size, "words": words, "timings": run.as_dict()}
+    print(f"  {size / 1e3:.0f} kB of held-out Shakespeare ({words:,} words), BPE cache emptied before each call:")
+    for name, timing in run.timings.items():
+        n = counts[name]
+        out[name] = {"tokens": n, "tokens_per_word": n / words, "tokens_per_s": n / timing.median,
+                     "bytes_per_s": size / timing.median}
+        print(f"    {name:12s} vocab {(smol if 'bpe' in name else gemma).vocab_size:7,}: {n:7,} tokens "
+              f"({n / words:.2f} per word), {n / timing.median:10,.0f} tokens/s, {size / timing.median / 1e6:.2f} MB/s "
+              f"(IQR {timing.iqr / timing.median:.0%} of the median)")
+    return out

@@ -1,4 +1,4 @@
-"""The GGML block formats that GGUF files store weights in: Q8_0, Q4_0, Q4_1, MXFP4, NVFP4 (and F16, F32).
+"""The GGML block formats that GGUF files store weights in: Q8_0, Q4_0, Q4_1, Q5_0, the K-quants, MXFP4, NVFP4.
 
 Follows the reference (`*_ref`) quantizers of llama.cpp `ggml/src/ggml-quants.c` and
 the numpy port in `gguf-py/gguf/quants.py`; the tests check that labkit's bytes and
@@ -11,15 +11,18 @@ one or two float16 numbers plus 32 small integers:
     Q8_0  34           fp16 d, int8 q[32]            x = q·d             8.5
     Q4_0  18           fp16 d, 16 bytes of nibbles   x = (q − 8)·d       4.5
     Q4_1  20           fp16 d, fp16 m, 16 bytes      x = q·d + m         5.0
+    Q5_0  22           fp16 d, 4 bytes of 5th bits,  x = (q − 16)·d      5.5
+                       16 bytes of nibbles
     MXFP4 17           E8M0 2^e, 16 bytes            x = E2M1(q)·2^e     4.25
     NVFP4 36 per 64    4 UE4M3 d, 32 bytes           x = E2M1(q)·d       4.5
 
-MXFP4 and NVFP4 (microscaling, OCP / NVIDIA) are implemented in `labkit.quant.mx`; this module
-hands them over. The GGML NVFP4 layout has no per-tensor scale, so here it is 1.0 and the UE4M3
+MXFP4 and NVFP4 (microscaling, OCP / NVIDIA) are implemented in `labkit.quant.mx`, and the K-quants
+(Q4_K, Q5_K, Q6_K: super-blocks of 256) in `labkit.quant.kquants`; this module hands them over. The GGML NVFP4 layout has no per-tensor scale, so here it is 1.0 and the UE4M3
 block scales carry the whole scale (|x| above 6·448 = 2688 saturates); `mx.quantize` keeps one.
 
-Nibble order (Q4_0, Q4_1): byte j holds weight j in its low 4 bits and weight j+16
-in its high 4 bits, not two neighbours.
+Nibble order (Q4_0, Q4_1, Q5_0): byte j holds weight j in its low 4 bits and weight j+16
+in its high 4 bits, not two neighbours. Q5_0's fifth bit of weight j is bit j of its little-endian
+32-bit word.
 
     >>> q = quantize(np.arange(32, dtype=np.float32), "Q8_0")
     >>> q.shape, q.dtype                       # one block of 34 bytes
@@ -32,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from labkit import checks
-from labkit.quant import mx
+from labkit.quant import kquants, mx
 
 BLOCK = 32  # weights per block, for every format here
 
@@ -42,7 +45,11 @@ TYPES: dict[str, tuple[int, int, int]] = {
     "F16": (1, 1, 2),
     "Q4_0": (2, BLOCK, 18),
     "Q4_1": (3, BLOCK, 20),
+    "Q5_0": (6, BLOCK, 22),
     "Q8_0": (8, BLOCK, 34),
+    "Q4_K": (12, *kquants.LAYOUT["Q4_K"]),  # super-blocks of 256 weights
+    "Q5_K": (13, *kquants.LAYOUT["Q5_K"]),
+    "Q6_K": (14, *kquants.LAYOUT["Q6_K"]),
     "MXFP4": (39, *mx.LAYOUT["MXFP4"][:2]),  # the sizes are mx's: one table of block layouts
     "NVFP4": (40, *mx.LAYOUT["NVFP4"][:2]),  # super-blocks of 64 = 4 blocks of 16, each with its own scale
 }
@@ -110,6 +117,8 @@ def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
         return x.astype(np.float16)
     if qtype in mx.LAYOUT:  # MXFP4, NVFP4: no tensor scale in the GGML layout
         return mx.quantize_blocks(x, qtype, tensor_scale=None if qtype == "MXFP4" else 1.0)[0]
+    if qtype in kquants.LAYOUT:
+        return kquants.quantize(x, qtype)
     if x.ndim == 0 or x.shape[-1] % BLOCK:
         raise ValueError(f"{qtype} needs rows whose length is a multiple of {BLOCK}; got shape {x.shape}")
     if not np.isfinite(x).all():
@@ -121,14 +130,16 @@ def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
             inv_d = np.where(d == 0, np.float32(0), np.float32(1) / d)
         q = _round_away(blocks * inv_d).astype(np.int8).view(np.uint8)
         out = np.concatenate([_fp16_bytes(d), q], axis=1)
-    elif qtype == "Q4_0":
-        # the signed value of largest magnitude maps exactly to code 0: d = max / -8
+    elif qtype in ("Q4_0", "Q5_0"):
+        # the signed value of largest magnitude maps exactly to code 0: d = max / -8 (Q5_0: / -16)
+        half = 8 if qtype == "Q4_0" else 16
         imax = np.abs(blocks).argmax(axis=1)[:, None]
-        d = np.take_along_axis(blocks, imax, axis=1) / np.float32(-8)
+        d = np.take_along_axis(blocks, imax, axis=1) / np.float32(-half)
         with np.errstate(divide="ignore"):
             inv_d = np.where(d == 0, np.float32(0), np.float32(1) / d)
-        q = np.trunc(blocks * inv_d + np.float32(8.5)).astype(np.uint8).clip(0, 15)
-        out = np.concatenate([_fp16_bytes(d), _pack_nibbles(q)], axis=1)
+        q = np.trunc(blocks * inv_d + np.float32(half + 0.5)).astype(np.uint8).clip(0, 2 * half - 1)
+        fifth = [] if qtype == "Q4_0" else [np.packbits(q >> 4, axis=1, bitorder="little")]
+        out = np.concatenate([_fp16_bytes(d), *fifth, _pack_nibbles(q & np.uint8(0x0F))], axis=1)
     else:  # Q4_1: 16 levels from the block's min to its max
         lo = blocks.min(axis=1, keepdims=True)
         hi = blocks.max(axis=1, keepdims=True)
@@ -153,6 +164,8 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = Non
     if qtype in mx.LAYOUT:
         out = mx.dequantize_blocks(data, qtype)
         return out.reshape(shape) if shape is not None else out
+    if qtype in kquants.LAYOUT:
+        return kquants.dequantize(data, qtype, shape)
     _, _, size = TYPES[qtype]
     raw = data.view(np.uint8)
     if raw.size % size:
@@ -163,6 +176,10 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = Non
         out = blocks[:, 2:].view(np.int8).astype(np.float32) * d
     elif qtype == "Q4_0":
         q = _unpack_nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)
+        out = d * q.astype(np.float32)
+    elif qtype == "Q5_0":
+        fifth = np.unpackbits(blocks[:, 2:6], axis=1, bitorder="little")  # [n_blocks, 32]: bit j of the word
+        q = (_unpack_nibbles(blocks[:, 6:]) | (fifth << 4)).astype(np.int8) - np.int8(16)
         out = d * q.astype(np.float32)
     else:  # Q4_1
         m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
@@ -196,8 +213,8 @@ def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]):
 def agrees_with_gguf(x: np.ndarray, qtype: str) -> bool | None:
     """Whether labkit's bytes for x in `qtype` equal the `gguf` package's, and so do the floats they decode to.
 
-    The gguf package (llama.cpp's numpy port) quantizes every type here but NVFP4, for which only
-    the decoding is compared (on labkit's bytes). None when gguf is not installed.
+    The gguf package (llama.cpp's numpy port) quantizes every type here but NVFP4 and the K-quants, for
+    which only the decoding is compared (on labkit's bytes). None when gguf is not installed.
     """
     try:
         from gguf import GGMLQuantizationType, quants
@@ -207,6 +224,7 @@ def agrees_with_gguf(x: np.ndarray, qtype: str) -> bool | None:
     x = np.asarray(x, dtype=np.float32)
     mine = quantize(x, qtype)
     kind = GGMLQuantizationType[qtype]
-    same_bytes = qtype == "NVFP4" or np.array_equal(mine, quants.quantize(x, kind))
+    decode_only = qtype == "NVFP4" or qtype in kquants.LAYOUT  # gguf has no quantizer for these
+    same_bytes = decode_only or np.array_equal(mine, quants.quantize(x, kind))
     theirs = quants.dequantize(mine, kind).reshape(x.shape)
     return bool(same_bytes and np.array_equal(dequantize(mine, qtype, x.shape), theirs))

@@ -25,6 +25,7 @@ import numpy as np
 
 from labkit.tokenizer.pretokenize import GPT2_PATTERN, GPT4_PATTERN, SMOLLM2_PATTERN, token_to_bytes
 from labkit.tokenizer.bpe import BPETokenizer
+from labkit.tokenizer.spm import SentencePieceTokenizer
 
 __all__ = ["from_gguf", "read_metadata", "PRE_TOKENIZERS", "TOKEN_TYPES"]
 
@@ -108,10 +109,11 @@ def _from_reader(reader) -> dict:
     return meta
 
 
-def from_gguf(path_or_reader) -> BPETokenizer:
-    """The BPE tokenizer stored in a GGUF file, from its path or an open `gguf.GGUFReader`.
+def from_gguf(path_or_reader) -> BPETokenizer | SentencePieceTokenizer:
+    """The tokenizer stored in a GGUF file, from its path or an open `gguf.GGUFReader`.
 
-    Control and user-defined tokens become special tokens; the ids stay those of
+    `tokenizer.ggml.model` "gpt2" (SmolLM2): a byte-level BPE, control and user-defined tokens special;
+    "llama" (Gemma 3): a SentencePiece-style tokenizer (`labkit.tokenizer.spm`). The ids stay those of
     the file. The result is cached per file (path, size and modification time).
     """
     if isinstance(path_or_reader, (str, Path)):
@@ -145,10 +147,13 @@ def _stamp(path: Path) -> tuple:
         return None, None
 
 
-def _build(meta: dict) -> BPETokenizer:
+def _build(meta: dict) -> BPETokenizer | SentencePieceTokenizer:
     model = meta.get("tokenizer.ggml.model")
+    if model == "llama":
+        return _build_spm(meta)
     if model != "gpt2":
-        raise ValueError(f"tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') is supported")
+        raise ValueError(f"tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE) and 'llama' "
+                         f"(SentencePiece-style)")
     pre = meta.get("tokenizer.ggml.pre", "gpt-2")
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"pre-tokenizer {pre!r} is not supported; known: {sorted(PRE_TOKENIZERS)}")
@@ -197,3 +202,15 @@ def _build(meta: dict) -> BPETokenizer:
         chat_template=meta.get("tokenizer.chat_template"),
         name=name.lower(),
     )
+
+
+def _build_spm(meta: dict) -> SentencePieceTokenizer:
+    if meta.get("tokenizer.ggml.add_space_prefix", True):
+        raise ValueError("tokenizer.ggml.add_space_prefix is true (or absent): labkit's SentencePiece-style tokenizer "
+                         "implements the files that set it false (Gemma 3), not the prefixed space")
+    texts = meta["tokenizer.ggml.tokens"]
+    name = "-".join(str(meta[k]) for k in ("general.basename", "general.size_label") if k in meta) or "gguf"
+    return SentencePieceTokenizer(
+        texts, meta["tokenizer.ggml.scores"], meta["tokenizer.ggml.token_type"],
+        bos_id=meta.get("tokenizer.ggml.bos_token_id"), eos_id=meta.get("tokenizer.ggml.eos_token_id"),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)), name=name.lower())

@@ -1,0 +1,81 @@
+"""The SentencePiece-style tokenizer: score-based merges with byte fallback, by hand on a tiny vocabulary, and
+every id equal to llama.cpp's on Gemma 3's 262,144 pieces (the reference ids are a committed fixture)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from labkit.tokenizer.spm import BYTE, CONTROL, NORMAL, USER_DEFINED, SentencePieceTokenizer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gemma3_llama_cpp.json"
+
+
+def tiny() -> SentencePieceTokenizer:
+    pieces = ["<pad>", "<bos>", "<eos>", "\n\n", "<tag>", "▁", "a", "b", "c", "ab", "bc", "▁a", "abc"]
+    scores = [0, 0, 0, 0, 0, -5, -6, -6, -6, -3, -3, -4, -1]
+    types = [CONTROL, CONTROL, CONTROL, USER_DEFINED, CONTROL] + [NORMAL] * 8
+    pieces += [f"<0x{b:02X}>" for b in range(256)]
+    return SentencePieceTokenizer(pieces, scores + [0] * 256, types + [BYTE] * 256, bos_id=1, eos_id=2)
+
+
+def test_the_highest_score_merges_first_and_ties_go_left():
+    tok = tiny()
+    # 'a b c': ab (-3) and bc (-3) tie, the left one merges; then 'ab'+'c' = 'abc' (-1)
+    assert tok.encode("abc", add_bos=False) == [12]
+    # '▁ a b': 'ab' (-3) outscores '▁a' (-4) and merges; '▁ab' is no piece, so '▁' stays alone
+    assert tok.encode(" ab", add_bos=False) == [5, 9]
+    assert tok.encode("bcb", add_bos=False) == [10, 7]
+
+
+def test_what_no_piece_covers_falls_back_to_bytes_and_decodes_back():
+    tok = tiny()
+    ids = tok.encode("aé", add_bos=False)
+    assert ids == [6, 13 + 0xC3, 13 + 0xA9]
+    assert tok.decode(ids) == "aé"
+    assert tok.decode_bytes(tok.encode(b"a\xff", add_bos=False)) == b"a\xff"
+
+
+def test_user_defined_pieces_are_cut_out_first_control_pieces_only_when_asked():
+    tok = tiny()
+    assert tok.encode("a\n\nb") == [1, 6, 3, 7]
+    assert tok.encode("b<tag>", add_bos=False) == [7] + [13 + c for c in b"<t"] + [6] + [13 + c for c in b"g>"]
+    assert tok.encode("b<tag>", add_bos=False, parse_special=True) == [7, 4]
+    assert tok.decode([1, 6, 4, 2]) == "a" and tok.decode([1, 6], special=True) == "<bos>a"
+
+
+def test_bad_input():
+    tok = tiny()
+    with pytest.raises(TypeError, match="text must be a str or bytes, got int"):
+        tok.encode(3)
+    with pytest.raises(ValueError, match="token_id must be an integer in \\[0, 268\\], got 999"):
+        tok.decode([999])
+    with pytest.raises(ValueError, match="one entry per token"):
+        SentencePieceTokenizer(["a"], [0, 1], [1])
+
+
+@pytest.fixture(scope="module")
+def gemma_tok():
+    from labkit.data.paths import gemma3_gguf_path
+    from labkit.tokenizer.gguf import from_gguf
+
+    try:
+        path = gemma3_gguf_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    return from_gguf(path)
+
+
+def test_every_id_equals_llama_cpp_on_the_corpus(gemma_tok):
+    ref = json.loads(FIXTURE.read_text())
+    assert len(ref["tokens"]) >= 30
+    for row in ref["tokens"]:
+        data = bytes.fromhex(row["text_hex"])
+        assert gemma_tok.encode(data) == row["ids"], data[:60]
+
+
+def test_gemma_vocabulary_as_read_from_the_file(gemma_tok):
+    assert gemma_tok.vocab_size == 262_144 and gemma_tok.bos_id == 2 and gemma_tok.eos_id == 1
+    text = "Hello  world\n\n漢字 😀"
+    assert gemma_tok.decode(gemma_tok.encode(text)) == text
