@@ -125,6 +125,25 @@ register(
 )
 
 
+def _load_gemma3(dtype: torch.dtype):
+    from labkit.data import paths
+    from labkit.model.gguf import load_gguf, open_gguf
+    from labkit.tokenizer.gguf import from_gguf
+
+    path = paths.gemma3_gguf_path()  # FileNotFoundError naming the package to install
+    model = load_gguf(open_gguf(path), dtype=dtype)
+    model.config = model.config.replace(name="gemma3-270m")
+    return model, from_gguf(path)
+
+
+register(
+    "gemma3-270m",
+    "Gemma 3 270M base (the same Transformer as a Gemma config: sandwich norms, QK-norm, GeGLU, 5 sliding layers "
+    "to 1 global) from its Q4_K_M GGUF file, dequantized",
+    _load_gemma3,
+)
+
+
 def _shakespeare_loader(name: str):
     def load_it(dtype: torch.dtype):
         from labkit.data import paths

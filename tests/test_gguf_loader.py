@@ -144,10 +144,10 @@ def test_bad_files(tmp_path):
 
 def test_unsupported_architecture_type_and_missing_tensor(tmp_path):
     write_tiny_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
-    with pytest.raises(ValueError, match="architecture 'gpt2' is not supported; supported architectures: llama"):
+    with pytest.raises(ValueError, match="architecture 'gpt2' is not supported; supported architectures: llama, gemma3"):
         load_gguf(tmp_path / "gpt2.gguf")
-    write_tiny_gguf(tmp_path / "q5.gguf", types={**TYPES, "attn_v": "Q5_0"})
-    with pytest.raises(ValueError, match="'blk.0.attn_v.weight' has type Q5_0.*supported types: F32, F16, Q4_0, Q4_1, Q8_0"):
+    write_tiny_gguf(tmp_path / "q5.gguf", types={**TYPES, "attn_v": "Q5_1"})
+    with pytest.raises(ValueError, match="'blk.0.attn_v.weight' has type Q5_1.*supported types: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0"):
         load_gguf(tmp_path / "q5.gguf")
     write_tiny_gguf(tmp_path / "hole.gguf", drop="blk.1.ffn_down.weight")
     with pytest.raises(ValueError, match="tensor 'blk.1.ffn_down.weight' is missing"):
@@ -155,7 +155,7 @@ def test_unsupported_architecture_type_and_missing_tensor(tmp_path):
 
 
 def test_registry_errors():
-    with pytest.raises(ValueError, match="unknown model 'gpt-2'; available models: shakespeare, shakespeare-csa, shakespeare-draft, smollm2-135m"):
+    with pytest.raises(ValueError, match="unknown model 'gpt-2'; available models: gemma3-270m, shakespeare, shakespeare-csa, shakespeare-draft, smollm2-135m"):
         labkit.load("gpt-2")
     with pytest.raises(ValueError, match="dtype must be one of"):
         labkit.load("smollm2-135m", dtype="int8")

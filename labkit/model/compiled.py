@@ -136,6 +136,11 @@ class CompiledStep:
         if model.config.compressed_attention:
             raise ValueError("compile_step is not implemented for compressed attention (csa_block > 0): "
                              "its layers attend through their own cache")
+        cfg = model.config
+        if cfg.norm_placement != "pre" or cfg.qk_norm or cfg.activation != "silu" or cfg.embed_scale != 1.0 \
+                or cfg.layer_windows:
+            raise ValueError("compile_step is implemented for the Llama block only; this config has Gemma-style "
+                             "parts (sandwich norms, QK-norm, GeGLU, an embedding scale or sliding layers)")
         why = compiler_problem()
         if why:
             raise RuntimeError(f"compile_step needs a C++ compiler: {why}")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from labkit import checks
 
 ROPE_LAYOUTS = ("interleaved", "half")
+NORM_PLACEMENTS = ("pre", "sandwich")  # Llama: x + f(norm(x)); Gemma: x + norm(f(norm(x)))
+ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's gate: SwiGLU (Llama) or GeGLU with tanh-GELU (Gemma)
 CSA_FIELDS = ("csa_block", "csa_topk", "csa_window", "csa_index_heads", "csa_index_dim")
 
 
@@ -48,6 +50,13 @@ class ModelConfig:
     csa_window: int = 0  # recent tokens every query also attends to uncompressed
     csa_index_heads: int = 0  # the indexer's query heads
     csa_index_dim: int = 0  # the indexer's key and query width
+    # one family's choices, each with Llama's default (Gemma 3's come from its file: `labkit.model.gguf`)
+    norm_placement: str = "pre"  # "sandwich": the attention's and the MLP's outputs are normed too
+    qk_norm: bool = False  # RMSNorm over each head of q and of k, before RoPE
+    activation: str = "silu"
+    embed_scale: float = 1.0  # token embeddings times this (Gemma: √d_model)
+    layer_windows: tuple = ()  # () all global, else per layer: 0 (global) or the tokens a sliding layer attends to
+    rope_local_base: float | None = None  # RoPE base of the sliding layers (None: rope_base)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -74,13 +83,38 @@ class ModelConfig:
         if any(csa.values()) and not all(csa.values()):
             raise ValueError(f"compressed attention needs all of {', '.join(CSA_FIELDS)} >= 1 (or all 0 for dense "
                              f"attention), got {csa}")
+        self._check_family()
         if self.csa_block and self.csa_window < max(2, self.csa_block):
             raise ValueError(f"csa_window must be at least csa_block and 2 (the window covers the block being filled "
                              f"and one token before the query), got csa_window={self.csa_window} and "
                              f"csa_block={self.csa_block}")
 
-    def __repr__(self) -> str:  # the dataclass's form; a dense config leaves out its zero csa_* fields
-        shown = [f.name for f in dataclasses.fields(self) if self.compressed_attention or f.name not in CSA_FIELDS]
+    def _check_family(self) -> None:
+        checks.one_of("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+        checks.flag("qk_norm", self.qk_norm)
+        checks.one_of("activation", self.activation, ACTIVATIONS)
+        checks.positive("embed_scale", self.embed_scale)
+        self.layer_windows = tuple(self.layer_windows)
+        if self.layer_windows and len(self.layer_windows) != self.n_layers:
+            raise ValueError(f"layer_windows must be empty or give one window per layer ({self.n_layers}), "
+                             f"got {len(self.layer_windows)}")
+        for w in self.layer_windows:
+            checks.integer("layer_windows entries", w, 0, why="0 for a global layer")
+        checks.number("rope_local_base", self.rope_local_base, 1, low_open=True, none_ok=True)
+        if self.compressed_attention and (self.layer_windows or self.qk_norm or self.norm_placement != "pre"):
+            raise ValueError("compressed attention (csa_*) is implemented for the Llama block only: no layer_windows, "
+                             "qk_norm or sandwich norms with it")
+
+    @property
+    def sliding_window(self) -> int:
+        """The smallest window of a sliding layer (0: every layer global)."""
+        return min((w for w in self.layer_windows if w), default=0)
+
+    def __repr__(self) -> str:  # the dataclass's form, leaving out fields at their Llama default
+        default = ModelConfig.__dataclass_fields__
+        family = ("norm_placement", "qk_norm", "activation", "embed_scale", "layer_windows", "rope_local_base")
+        shown = [f.name for f in dataclasses.fields(self) if (self.compressed_attention or f.name not in CSA_FIELDS)
+                 and (f.name not in family or getattr(self, f.name) != default[f.name].default)]
         return f"ModelConfig({', '.join(f'{n}={getattr(self, n)!r}' for n in shown)})"
 
     @property
@@ -119,11 +153,12 @@ class ModelConfig:
         if self.compressed_attention:  # the compression's gate and slot bias, the indexer (`labkit.model.compressed`)
             attention += 2 * d * kv_out + self.csa_block * kv_out + d * self.index_width  # W_c, W_z, slot bias, indexer
         mlp = 3 * d * self.ffn_dim  # gate, up, down
+        per_layer = (4 if self.norm_placement == "sandwich" else 2) * d + (2 * hd if self.qk_norm else 0)
         return {
             "embedding": self.vocab_size * d,
             "attention": self.n_layers * attention,
             "mlp": self.n_layers * mlp,
-            "norms": (2 * self.n_layers + 1) * d,
+            "norms": self.n_layers * per_layer + d,
             "lm_head": 0 if self.tie_embeddings else self.vocab_size * d,
         }
 
@@ -160,6 +195,13 @@ class ModelConfig:
             raise ValueError(f"{self.name!r} has compressed attention: its cache holds no fixed bytes per token; "
                              f"use its cache's bytes_at(n_tokens)")
         return kv_bytes(2 * self.n_layers * self.n_kv_heads * self.head_dim, 8 * bytes_per_value, group_size)
+
+    def kv_bytes_at(self, n_tokens: int, bytes_per_value: float = 2) -> float:
+        """KV cache bytes of one sequence of `n_tokens`, each sliding layer holding at most its window."""
+        checks.integer("n_tokens", n_tokens, 0)
+        windows = self.layer_windows or (0,) * self.n_layers
+        held = sum(min(n_tokens, w) if w else n_tokens for w in windows)
+        return kv_bytes(2 * held * self.n_kv_heads * self.head_dim, 8 * bytes_per_value)
 
 
 def kv_bytes(n_values: float, bits: float = 16, group_size: int | None = None) -> float:

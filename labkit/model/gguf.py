@@ -1,4 +1,4 @@
-"""Load a Llama-architecture GGUF file into `labkit.model.Transformer`.
+"""Load a Llama- or Gemma-3-architecture GGUF file into `labkit.model.Transformer`.
 
 The file format is llama.cpp's GGUF (`ggml/docs/gguf.md`): a header of key-value
 metadata (hyper-parameters, the tokenizer) followed by tensors in GGML block formats.
@@ -13,6 +13,15 @@ metadata (hyper-parameters, the tokenizer) followed by tensors in GGML block for
     blk.N.ffn_gate / _up   -> layers.N.mlp.w_gate_up  (fused: rows [gate; up])
     blk.N.ffn_down         -> layers.N.mlp.w_down
     output_norm / output   -> norm / lm_head
+    Gemma 3 adds: blk.N.attn_q_norm / attn_k_norm -> layers.N.attn.q_norm / k_norm (per head),
+                  blk.N.post_attention_norm / post_ffw_norm -> layers.N.post_attn_norm / post_ffn_norm
+
+Gemma 3 is the same `Transformer` with another config (`gemma3_fields`): sandwich norms, QK-norm,
+GeGLU, embeddings × √d_model, five sliding layers (RoPE base 10,000) to every global one (the file's
+base). The sliding pattern and the local base are not in the file; llama.cpp sets them for the
+architecture, and so does this loader. The file's norm weights already hold Gemma's "1 +": they are
+used as they are. llama.cpp scales the embeddings by √d_model in float32 (Hugging Face's reference
+rounds the factor to bfloat16 first); the loader follows llama.cpp, whose outputs the tests compare with.
 
 llama.cpp's converter stores Llama Q/K rows in the interleaved RoPE layout (see
 `labkit.model.rope`), so the model is built with `rope_layout="interleaved"`; asking for
@@ -33,9 +42,11 @@ from labkit.model.config import ModelConfig
 from labkit.model.transformer import Transformer
 from labkit.model.rope import permute_qk_rows
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
 # how each architecture's converter lays out the Q/K rows
-NATIVE_ROPE_LAYOUT = {"llama": "interleaved"}
+NATIVE_ROPE_LAYOUT = {"llama": "interleaved", "gemma3": "half"}
+GEMMA3_GLOBAL_EVERY = 6  # layers 5, 11, 17, ... attend globally, the rest through the sliding window
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0
 
 
 _readers: dict[tuple, object] = {}  # (path, size, mtime) -> GGUFReader: parsing the header takes seconds
@@ -89,7 +100,8 @@ def config_from_gguf(reader) -> ModelConfig:
     tensors = {t.name: t for t in reader.tensors}
     n_heads = int(_field(reader, f"{arch}.attention.head_count"))
     d_model = int(_field(reader, f"{arch}.embedding_length"))
-    head_dim = int(_field(reader, f"{arch}.rope.dimension_count", d_model // n_heads))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", 0) or
+                   _field(reader, f"{arch}.rope.dimension_count", d_model // n_heads))
     vocab = _field(reader, f"{arch}.vocab_size", -1)
     if vocab == -1:
         vocab = int(tensors["token_embd.weight"].shape[1])
@@ -109,7 +121,18 @@ def config_from_gguf(reader) -> ModelConfig:
         norm_eps=float(f"{float(_field(reader, f'{arch}.attention.layer_norm_rms_epsilon')):.7g}"),
         max_seq_len=int(_field(reader, f"{arch}.context_length")),
         tie_embeddings="output.weight" not in tensors,
+        **(gemma3_fields(reader) if arch == "gemma3" else {}),
     )
+
+
+def gemma3_fields(reader) -> dict:
+    """The config fields in which Gemma 3 differs from Llama (see the module docstring)."""
+    n_layers, d_model = int(_field(reader, "gemma3.block_count")), int(_field(reader, "gemma3.embedding_length"))
+    window = int(_field(reader, "gemma3.attention.sliding_window"))
+    return dict(norm_placement="sandwich", qk_norm=True, activation="gelu_tanh",
+                embed_scale=float(np.sqrt(np.float32(d_model))),
+                layer_windows=tuple(0 if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else window for i in range(n_layers)),
+                rope_local_base=GEMMA3_LOCAL_ROPE_BASE)
 
 
 def read_tensor(tensor) -> np.ndarray:
@@ -146,6 +169,12 @@ def state_dict_from_gguf(reader, config: ModelConfig) -> dict[str, torch.Tensor]
         state[out + "ffn_norm.weight"] = get(blk + "ffn_norm.weight")
         state[out + "mlp.w_gate_up.weight"] = torch.cat([get(blk + "ffn_gate.weight"), get(blk + "ffn_up.weight")], dim=0)
         state[out + "mlp.w_down.weight"] = get(blk + "ffn_down.weight")
+        if config.qk_norm:
+            state[out + "attn.q_norm.weight"] = get(blk + "attn_q_norm.weight")
+            state[out + "attn.k_norm.weight"] = get(blk + "attn_k_norm.weight")
+        if config.norm_placement == "sandwich":
+            state[out + "post_attn_norm.weight"] = get(blk + "post_attention_norm.weight")
+            state[out + "post_ffn_norm.weight"] = get(blk + "post_ffw_norm.weight")
     return state
 
 

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from labkit import checks
 from labkit.kvcache.base import attention, forward_pass, new_cache as _new_cache
 from labkit.model.compressed import CompressedAttention
 from labkit.model.config import ModelConfig
 from labkit.model.kernels import Linear, RMSNorm, attend_rows, linear, rows_mm, transposed
 from labkit.model.rope import Rotary
+from labkit.model.settings import KernelSettings
 from labkit.quant.rows import as_usual
 
 __all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer"]
@@ -58,6 +58,9 @@ class Attention(nn.Module):
         self.split = (q_out, kv_out, kv_out)
         self.wqkv = Linear(config.d_model, q_out + 2 * kv_out)  # rows: [Wq; Wk; Wv]
         self.wo = Linear(q_out, config.d_model)
+        self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None  # per head (Gemma 3)
+        self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+        self.window = config.layer_windows[layer] if config.layer_windows else 0  # 0: global attention
         self.invariant = False  # each query attends alone (`kernels.attend_rows`; `Transformer.batch_invariant`)
 
     def projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -72,6 +75,8 @@ class Attention(nn.Module):
         T = x.shape[0] // batch
         qkv = self.wqkv(x).view(batch, T, H + 2 * Hkv, self.head_dim)  # [B, T, H + 2·Hkv, head_dim]: q, k, v heads
         v = qkv[:, :, H + Hkv:]  # [B, T, Hkv, head_dim]
+        if self.q_norm is not None:  # each head normed over its head_dim before it rotates
+            qkv = torch.cat([self.q_norm(qkv[:, :, :H]), self.k_norm(qkv[:, :, H:H + Hkv]), v], dim=2)
         if cache is None or cache.rotate_new_keys:
             qk = rope.rotate_tokens(qkv[:, :, :H + Hkv], positions)  # q and k heads rotated in one call
             q, k = qk[:, :, :H], qk[:, :, H:]
@@ -85,22 +90,24 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)), with gate and up fused into one matrix."""
+    """down(silu(gate(x)) · up(x)), with gate and up fused into one matrix; GeGLU (tanh-GELU) where the config says."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.ffn_dim = config.ffn_dim
+        self.act = F.silu if config.activation == "silu" else lambda g: F.gelu(g, approximate="tanh")
         self.w_gate_up = Linear(config.d_model, 2 * config.ffn_dim)  # rows: [W_gate; W_up]
         self.w_down = Linear(config.ffn_dim, config.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.w_gate_up(x)  # [..., 2·ffn_dim]
         gate, up = gate_up[..., :self.ffn_dim], gate_up[..., self.ffn_dim:]
-        return self.w_down(F.silu(gate).mul_(up))
+        return self.w_down(self.act(gate).mul_(up))
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(·))."""
+    """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(·)); with sandwich norms (Gemma) each output is
+    normed too before it is added: x + norm(attn(norm(x)))."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -108,16 +115,21 @@ class Block(nn.Module):
         self.attn = (CompressedAttention if config.compressed_attention else Attention)(config, layer)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = SwiGLU(config)
+        sandwich = config.norm_placement == "sandwich"
+        self.post_attn_norm = RMSNorm(config.d_model, config.norm_eps) if sandwich else None
+        self.post_ffn_norm = RMSNorm(config.d_model, config.norm_eps) if sandwich else None
 
     def forward(self, x, rope, positions, cache=None, batch: int | None = None):
         """x [N, d_model] (`batch` rows of tokens) or [B, T, d_model]; returns the same shape."""
         if x.dim() == 3:
             return self.forward(x.reshape(-1, x.shape[-1]), rope, positions, cache, x.shape[0]).view(x.shape)
-        x = x + self.attn(self.attn_norm(x), rope, positions, cache, batch or 1)
-        return x + self.mlp(self.ffn_norm(x))
+        a = self.attn(self.attn_norm(x), rope, positions, cache, batch or 1)
+        x = x + (a if self.post_attn_norm is None else self.post_attn_norm(a))
+        m = self.mlp(self.ffn_norm(x))
+        return x + (m if self.post_ffn_norm is None else self.post_ffn_norm(m))
 
 
-class Transformer(nn.Module):
+class Transformer(KernelSettings, nn.Module):
     """Token embedding → n_layers blocks → RMSNorm → LM head (tied to the embedding or not).
 
     `model(ids)` runs the whole sequence from position 0; `model(ids, cache=cache)`
@@ -131,7 +143,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size)
-        self._rope = None
+        self._rope = self._rope_local = None
         self._head_t = None  # (weight, Wᵀ) of the tied head, a view (see `head`)
         self._split, self._lean, self._invariant = False, True, False  # see split_matvec, lean_step, batch_invariant
         self.compiled = None  # the compiled passes (`compile_step`), or None: every pass eager
@@ -151,6 +163,16 @@ class Transformer(nn.Module):
             cfg = self.config
             self._rope = Rotary(cfg.head_dim, cfg.rope_base, cfg.max_seq_len, cfg.rope_layout, device=self.device)
         return self._rope
+
+    def rope_of(self, block: Block) -> Rotary:
+        """The RoPE tables a block rotates with: a sliding layer's own base where the config gives one."""
+        cfg = self.config
+        if not block.attn.window or cfg.rope_local_base is None:
+            return self.rope
+        if self._rope_local is None or self._rope_local.device != self.device:
+            self._rope_local = Rotary(cfg.head_dim, cfg.rope_local_base, cfg.max_seq_len, cfg.rope_layout,
+                                      device=self.device)
+        return self._rope_local
 
     def column_major_(self) -> "Transformer":
         """Store every matmul weight column-major ([out, in] whose transpose is contiguous), in place.
@@ -234,11 +256,15 @@ class Transformer(nn.Module):
             if cache is not None and cache.pass_end > self.config.max_seq_len:
                 raise ValueError(f"sequence of {cache.pass_end} tokens is longer than the context window "
                                  f"of {self.config.max_seq_len} tokens")
-            rope = self.rope
+            end = T if cache is None else cache.pass_end
+            if self.config.sliding_window and end > self.config.sliding_window:
+                raise ValueError(f"sequence of {end} tokens passes the sliding window of {self.config.sliding_window} "
+                                 f"tokens of this model's local layers: attention beyond the window is not implemented "
+                                 f"yet; keep prompt and reply within {self.config.sliding_window} tokens")
             x = self.embed(ids.reshape(-1))  # [B·T, d_model]
             with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T and not cache.packed)):  # a prompt
                 for block in self.layers if n_layers is None else self.layers[:n_layers]:
-                    x = block(x, rope, positions, cache, B)
+                    x = block(x, self.rope_of(block), positions, cache, B)
                 if last_only and T > 1:  # a packed batch keeps each of its rows' last token
                     x = x.index_select(0, cache.last_index) if cache is not None and cache.packed else x.view(B, T, -1)[:, -1]
                 h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
@@ -263,9 +289,9 @@ class Transformer(nn.Module):
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [N, d_model] for ids [N] (one gather; the module call when training)."""
-        if not self._lean or torch.is_grad_enabled():
-            return self.tok_embeddings(ids)
-        return self.tok_embeddings.weight.index_select(0, ids)
+        x = self.tok_embeddings(ids) if not self._lean or torch.is_grad_enabled() else \
+            self.tok_embeddings.weight.index_select(0, ids)
+        return x if self.config.embed_scale == 1.0 else x * self.config.embed_scale
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] for final hidden states [N, d_model]: the LM head, or the tied embedding."""
@@ -275,46 +301,3 @@ class Transformer(nn.Module):
             return linear(h, self.tok_embeddings.weight, self.split_matvec)
         self._head_t = transposed(self.tok_embeddings.weight, self._head_t)
         return (rows_mm if self._invariant else torch.mm)(h, self._head_t[1])
-
-    @property
-    def lean_step(self) -> bool:
-        """Whether inference takes the lean calls (the default) or the plain ones training takes.
-
-        Plain: `F.linear` for every product, `F.rms_norm`, the embedding module: the same numbers
-        in about two thousand more operator calls a SmolLM2 step (chapter 03 measures both).
-        """
-        return self._lean
-
-    @lean_step.setter
-    def lean_step(self, value: bool) -> None:
-        self._lean = self._set_on_modules("lean_step", "lean", value, (Linear, RMSNorm))
-
-    @property
-    def split_matvec(self) -> bool:
-        """Whether products over a few tokens are split over threads by hand (see `linear`); off by default.
-
-        A model setting: `model.split_matvec = True` sets it on every `Linear` of the model.
-        """
-        return self._split
-
-    @split_matvec.setter
-    def split_matvec(self, value: bool) -> None:
-        self._split = self._set_on_modules("split_matvec", "split", value, (Linear,))
-
-    @property
-    def batch_invariant(self) -> bool:
-        """Whether each row of a pass gets the bits it gets alone (off; see `labkit.model.kernels`). Set it after quantizing."""
-        return self._invariant
-
-    @batch_invariant.setter
-    def batch_invariant(self, value: bool) -> None:
-        if value and self.config.compressed_attention:
-            raise ValueError("batch_invariant=True is not implemented for compressed attention (csa_block > 0)")
-        self._invariant = self._set_on_modules("batch_invariant", "invariant", value, (nn.Module,))
-
-    def _set_on_modules(self, setting: str, attr: str, value: bool, kinds: tuple) -> bool:
-        checks.flag(setting, value, error=TypeError)
-        for module in self.modules():
-            if isinstance(module, kinds) and hasattr(module, attr):
-                setattr(module, attr, value)
-        return value

@@ -1,0 +1,177 @@
+"""Gemma 3 as a config of the lab's own transformer: each family choice checked against a forward written out
+by hand, the file's model against llama.cpp's outputs on the same file (a committed fixture), and the sizes."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from labkit.model.config import ModelConfig
+from labkit.model.transformer import Transformer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gemma3_llama_cpp.json"
+GEMMA_270M = dict(vocab_size=262144, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1, head_dim=256, ffn_dim=2048,
+                  rope_base=1e6, norm_eps=1e-6, max_seq_len=32768, tie_embeddings=True, norm_placement="sandwich",
+                  qk_norm=True, activation="gelu_tanh", embed_scale=math.sqrt(640), rope_local_base=1e4,
+                  layer_windows=tuple(0 if (i + 1) % 6 == 0 else 512 for i in range(18)))
+
+
+def tiny_gemma(**changes) -> Transformer:
+    cfg = ModelConfig(**{**dict(vocab_size=50, d_model=24, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+                                ffn_dim=40, rope_base=1e4, rope_local_base=100.0, norm_eps=1e-6, max_seq_len=64,
+                                tie_embeddings=True, norm_placement="sandwich", qk_norm=True, activation="gelu_tanh",
+                                embed_scale=math.sqrt(24), layer_windows=(16, 16, 0)), **changes})
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # norm weights away from 1, so a norm that is skipped shows
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() == 1 else 0.2) + (1.0 if p.dim() == 1 else 0.0))
+    return model
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope_half(x, pos, base):  # x [T, H, D], the "half" layout: (x_i, x_{i+D/2}) rotate together
+    D = x.shape[-1]
+    freq = base ** (-torch.arange(0, D // 2, dtype=torch.float64) * 2 / D)
+    ang = (pos[:, None].double() * freq[None]).float()[:, None]  # [T, 1, D/2]
+    a, b = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([a * ang.cos() - b * ang.sin(), a * ang.sin() + b * ang.cos()], -1)
+
+
+def by_hand(model: Transformer, ids: list[int]) -> torch.Tensor:
+    """Gemma 3's forward written out from its definition, one token row per position: logits [T, V]."""
+    cfg, sd = model.config, model.state_dict()
+    T, H, Hkv, D = len(ids), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    x = sd["tok_embeddings.weight"][ids] * cfg.embed_scale
+    pos = torch.arange(T)
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        h = rms(x, sd[p + "attn_norm.weight"], cfg.norm_eps)
+        q, k, v = (h @ sd[p + "attn.wqkv.weight"].T).split([H * D, Hkv * D, Hkv * D], -1)
+        q = rms(q.view(T, H, D), sd[p + "attn.q_norm.weight"], cfg.norm_eps)
+        k = rms(k.view(T, Hkv, D), sd[p + "attn.k_norm.weight"], cfg.norm_eps)
+        base = cfg.rope_local_base if cfg.layer_windows[i] else cfg.rope_base
+        q, k = rope_half(q, pos, base), rope_half(k, pos, base)
+        k, v = k.repeat_interleave(H // Hkv, 1), v.view(T, Hkv, D).repeat_interleave(H // Hkv, 1)
+        scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D)
+        scores = scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+        a = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(T, H * D) @ sd[p + "attn.wo.weight"].T
+        x = x + rms(a, sd[p + "post_attn_norm.weight"], cfg.norm_eps)
+        gate, up = (rms(x, sd[p + "ffn_norm.weight"], cfg.norm_eps) @ sd[p + "mlp.w_gate_up.weight"].T).chunk(2, -1)
+        m = (F.gelu(gate, approximate="tanh") * up) @ sd[p + "mlp.w_down.weight"].T
+        x = x + rms(m, sd[p + "post_ffn_norm.weight"], cfg.norm_eps)
+    return rms(x, sd["norm.weight"], cfg.norm_eps) @ sd["tok_embeddings.weight"].T
+
+
+@torch.no_grad()
+def test_the_gemma_block_is_its_definition_with_and_without_a_cache():
+    model = tiny_gemma()
+    ids = [3, 17, 42, 5, 8, 21, 33, 1, 9, 14]
+    want = by_hand(model, ids)
+    assert torch.allclose(model(torch.tensor([ids]))[0], want, atol=1e-4, rtol=1e-4)
+    cache = model.new_cache(max_len=16)
+    got = [model(torch.tensor([ids[:6]]), cache=cache)[0]] + [model(torch.tensor([[t]]), cache=cache)[0] for t in ids[6:]]
+    assert torch.allclose(torch.cat(got), want, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("change", [dict(qk_norm=False), dict(norm_placement="pre"), dict(activation="silu"),
+                                    dict(embed_scale=1.0), dict(rope_local_base=None)])
+def test_each_family_choice_changes_the_output(change):
+    """Every field is read: turning one back to Llama's default moves the logits (the hand forward keeps it)."""
+    ids = torch.tensor([[3, 17, 42, 5, 8]])
+    base, other = tiny_gemma(), tiny_gemma(**change)
+    other.load_state_dict(base.state_dict(), strict=False)
+    assert not torch.allclose(base(ids), other(ids), atol=1e-3)
+
+
+def test_the_sliding_window_is_refused_beyond_its_length_not_ignored():
+    model = tiny_gemma()
+    with pytest.raises(ValueError, match="sequence of 17 tokens passes the sliding window of 16 tokens.*not implemented"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    cache = model.new_cache(max_len=32)
+    model(torch.zeros(1, 16, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="sequence of 17 tokens passes the sliding window"):
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="compile_step is implemented for the Llama block only"):
+        model.compile_step(progress=False)
+
+
+def test_config_fields_are_checked_and_llama_stays_llama():
+    with pytest.raises(ValueError, match="norm_placement must be one of \\('pre', 'sandwich'\\), got 'post'"):
+        ModelConfig(norm_placement="post")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ModelConfig(activation="relu")
+    with pytest.raises(ValueError, match="layer_windows must be empty or give one window per layer \\(2\\), got 1"):
+        ModelConfig(n_layers=2, layer_windows=(8,))
+    with pytest.raises(ValueError, match="embed_scale must be a positive number, got 0"):
+        ModelConfig(embed_scale=0)
+    smol = ModelConfig.from_name("smollm2-135m")
+    assert "norm_placement" not in repr(smol) and smol.sliding_window == 0
+    assert smol.param_counts()["norms"] == (2 * 30 + 1) * 576
+
+
+def test_gemma3_sizes_the_embedding_two_thirds_and_the_kv_of_five_local_layers_to_one():
+    cfg = ModelConfig(**GEMMA_270M)
+    counts = cfg.param_counts()
+    assert cfg.n_params() == 268_098_176  # Gemma 3 270M: 268 M parameters
+    assert 0.62 < counts["embedding"] / cfg.n_params() < 0.63
+    n = 32_768  # at the full context, 15 sliding layers hold 512 tokens each, 3 global layers hold all
+    assert cfg.kv_bytes_at(n) / (cfg.kv_bytes_per_token() * n) == pytest.approx((15 * 512 + 3 * n) / (18 * n))
+    assert cfg.kv_bytes_at(100) == cfg.kv_bytes_per_token() * 100  # within the window: no saving yet
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    import labkit
+
+    try:
+        model, tok = labkit.load("gemma3-270m")
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    return model, tok, json.loads(FIXTURE.read_text())
+
+
+MARGIN = 0.25  # logits: where llama.cpp's own top two are closer than this, either order is a tie
+LOGIT_ATOL = 1.5  # llama.cpp multiplies with int8 activations and a float16 GELU table; labkit in float32
+
+
+@torch.no_grad()
+def test_logits_beside_llama_cpp_on_its_own_greedy_tokens(gemma):
+    """Teacher-forced on llama.cpp's 32 greedy tokens per prompt: the same top token wherever llama.cpp's
+    margin is no tie, and its top logit within LOGIT_ATOL."""
+    model, tok, ref = gemma
+    for row in ref["greedy"]:
+        assert tok.encode(row["prompt"]) == row["prompt_ids"]
+        ids = row["prompt_ids"] + row["greedy"][:-1]
+        logits = model(torch.tensor([ids]))[0, len(row["prompt_ids"]) - 1:]
+        for step, top in enumerate(row["top5"]):
+            (best, best_logit), (_, second) = top[0], top[1]
+            assert abs(float(logits[step, best]) - best_logit) < LOGIT_ATOL, (row["prompt"], step)
+            if best_logit - second >= MARGIN:
+                assert int(logits[step].argmax()) == best, (row["prompt"], step)
+
+
+@torch.no_grad()
+def test_greedy_continuations_part_only_at_llama_cpps_ties(gemma):
+    """Free-running greedy decoding of 32 tokens: equal to llama.cpp's, or parting from it first at a step where
+    llama.cpp's top two logits are within MARGIN (where the two arithmetics may pick either)."""
+    model, _, ref = gemma
+    for row in ref["greedy"]:
+        cache = model.new_cache(max_len=len(row["prompt_ids"]) + 32)
+        logits = model(torch.tensor([row["prompt_ids"]]), cache=cache, last_only=True)[0, -1]
+        out = []
+        for _ in range(len(row["greedy"])):
+            out.append(int(logits.argmax()))
+            if out[-1] != row["greedy"][len(out) - 1]:
+                top = row["top5"][len(out) - 1]
+                assert top[0][1] - top[1][1] < MARGIN, (row["prompt"], len(out) - 1)
+                break
+            logits = model(torch.tensor([[out[-1]]]), cache=cache)[0, -1]
