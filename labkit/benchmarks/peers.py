@@ -10,8 +10,24 @@ from __future__ import annotations
 
 __all__ = ["load_llama_cpp", "llama_cpp_decode", "llama_cpp_prefill", "transformers_prefill"]
 
-def load_llama_cpp(n_ctx: int = 1024):
-    """A llama.cpp model on SmolLM2's GGUF file with torch's thread count, or None when llama-cpp-python is missing.
+def _gemma3_path():
+    from labkit.data import paths
+
+    return paths.gemma3_gguf_path()
+
+
+def _smollm2_path():
+    from labkit.data import paths
+
+    return paths.smollm2_gguf_path()
+
+
+GGUF_FILES = {"smollm2-135m": _smollm2_path, "gemma3-270m": _gemma3_path}  # model name -> its GGUF file's path
+
+
+def load_llama_cpp(n_ctx: int = 1024, model: str = "smollm2-135m"):
+    """A llama.cpp model on the GGUF file of `model` ("smollm2-135m" or "gemma3-270m") with torch's thread count,
+    or None when llama-cpp-python is missing.
 
     The weights stay in llama.cpp's plain CPU buffers (`use_extra_bufts = False`): no repacking into
     AMX tiles, whose kernel crashes on machines that list AMX but do not grant a process its tiles
@@ -24,8 +40,8 @@ def load_llama_cpp(n_ctx: int = 1024):
         from llama_cpp import llama_cpp as low_level
     except ImportError:
         return None
-    from labkit.data import paths
-
+    if model not in GGUF_FILES:
+        raise ValueError(f"model must be one of {tuple(GGUF_FILES)}, got {model!r}")
     threads = torch.get_num_threads()
     default = low_level.llama_model_default_params
 
@@ -36,7 +52,7 @@ def load_llama_cpp(n_ctx: int = 1024):
 
     low_level.llama_model_default_params = plain_buffers
     try:
-        return Llama(model_path=str(paths.smollm2_gguf_path()), n_ctx=n_ctx, n_threads=threads,
+        return Llama(model_path=str(GGUF_FILES[model]()), n_ctx=n_ctx, n_threads=threads,
                      n_threads_batch=threads, n_batch=512, verbose=False)
     finally:
         low_level.llama_model_default_params = default

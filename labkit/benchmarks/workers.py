@@ -39,7 +39,7 @@ def _build(spec: dict):
     if spec["side"] == "llama.cpp":
         from labkit.benchmarks.peers import llama_cpp_decode, load_llama_cpp
 
-        llm = load_llama_cpp()
+        llm = load_llama_cpp(model=spec.get("model", "smollm2-135m"))
         if llm is None:
             raise RuntimeError("llama-cpp-python is not installed (pip install -e '.[peers]')")
         return (lambda ids, n: llama_cpp_decode(llm, ids, n)), {}
