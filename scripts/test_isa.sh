@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The unit tests whose results depend on which kernels run (batch invariance, speculative exactness, token
-# trees, the quantized layers, parity with the reference model, the lean step, compressed attention, the compiled
+# trees, the quantized layers, parity with the reference models (SmolLM2, Gemma 3), the lean step, compressed attention, the compiled
 # step: inductor generates code for the emulated instruction set too), once per emulated instruction
 # set: AVX2 (a laptop without AVX-512, VNNI, AMX or native bf16) and `default` (no SIMD in ATen's own kernels).
 # What it cannot emulate: another vendor's CPU (MKL takes other paths on AMD than on Intel at the same ISA),
@@ -16,7 +16,7 @@ tests=(tests/test_batch_invariance.py tests/test_speculative_tree.py tests/test_
        tests/test_speculative_heads.py tests/test_quant_linear.py tests/test_quant_intdot.py
        tests/test_smollm2_parity.py tests/test_gguf_native.py tests/test_lean_step.py tests/test_model.py
        tests/test_serving_speculative.py tests/test_serving_specload.py tests/test_compressed_attention.py
-       tests/test_compiled_step.py)
+       tests/test_compiled_step.py tests/test_gemma3.py)
 for isa in "${isas[@]}"; do
     vars=$(isa_env "$isa")
     echo "test-isa: $isa ($vars)"

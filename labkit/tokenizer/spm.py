@@ -2,8 +2,9 @@
 
 Byte-level BPE (`labkit.tokenizer.bpe`, SmolLM2's) ranks **merges**: the file lists pairs in the order
 they were learned and encoding applies the earliest first. A SentencePiece BPE vocabulary has no merge
-list; each piece has a **score** (its log-probability in training), and encoding merges, among all
-adjacent pairs whose concatenation is a piece, the one with the highest score, again and again. What
+list; each piece has a **score** (in Gemma 3's file it falls piece by piece: a rank), and encoding merges,
+among all adjacent pairs whose concatenation is a piece, the pair whose merged piece scores highest, again
+and again: the priority belongs to the result, not to a learned pair. What
 cannot be covered by a piece falls back to **bytes**: 256 pieces `<0x00>`…`<0xFF>`. There is no
 pre-tokenizer regex: a space is an ordinary character, written `▁` (U+2581) inside pieces.
 
