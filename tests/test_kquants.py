@@ -100,3 +100,19 @@ def test_every_tensor_of_the_gemma3_file_decodes_like_gguf():
         theirs = gq.dequantize(t.data, t.tensor_type)
         assert _same_floats(mine.reshape(theirs.shape), theirs), t.name
     assert set(seen) == {"F32", "Q8_0", "Q5_0", "Q4_K", "Q6_K"}, seen
+
+
+def test_the_format_table_adds_up_to_the_file():
+    from labkit.data.paths import gemma3_gguf_path
+    from labkit.model.gguf import format_table, open_gguf
+
+    try:
+        reader = open_gguf(gemma3_gguf_path())
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    rows = format_table(reader)
+    assert sum(r["bytes"] for r in rows) == sum(int(t.data.nbytes) for t in reader.tensors)
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    by_type = {r["type"]: r for r in rows}
+    assert by_type["Q4_K"]["bits_per_weight"] == 4.5 and by_type["Q5_0"]["bits_per_weight"] == 5.5
+    assert rows[0]["type"] == "Q8_0"  # the tied embedding dominates the file

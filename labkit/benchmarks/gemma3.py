@@ -14,28 +14,11 @@ from __future__ import annotations
 TITLE = "Gemma 3 270M (Q4_K_M): bytes per format, sliding-window KV, decode beside llama.cpp"
 
 
-def format_table(reader) -> list[dict]:
-    """One row per GGML type of the file: tensors, weights, bytes, bits per weight, share of the bytes."""
-    import numpy as np
-
-    rows: dict[str, dict] = {}
-    for t in reader.tensors:
-        row = rows.setdefault(t.tensor_type.name, {"type": t.tensor_type.name, "tensors": 0, "weights": 0, "bytes": 0})
-        row["tensors"] += 1
-        row["weights"] += int(np.prod([int(n) for n in t.shape]))
-        row["bytes"] += int(t.data.nbytes)
-    total = sum(r["bytes"] for r in rows.values())
-    for r in rows.values():
-        r["bits_per_weight"] = 8 * r["bytes"] / r["weights"]
-        r["share"] = r["bytes"] / total
-    return sorted(rows.values(), key=lambda r: -r["bytes"])
-
-
 def run(quick: bool = False) -> dict:
     from labkit import measure
     from labkit.benchmarks import workers
     from labkit.data import paths
-    from labkit.model.gguf import config_from_gguf, open_gguf
+    from labkit.model.gguf import config_from_gguf, format_table, open_gguf
 
     try:
         path = paths.gemma3_gguf_path()

@@ -214,3 +214,18 @@ def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: s
     model.source_file = str(reader.data.filename)
     model.tensor_types = {t.name: t.tensor_type.name for t in reader.tensors}
     return model
+
+
+def format_table(reader) -> list[dict]:
+    """One row per GGML type of a file: tensors, weights, bytes, bits per weight, share of the bytes (largest first)."""
+    rows: dict[str, dict] = {}
+    for t in reader.tensors:
+        row = rows.setdefault(t.tensor_type.name, {"type": t.tensor_type.name, "tensors": 0, "weights": 0, "bytes": 0})
+        row["tensors"] += 1
+        row["weights"] += int(np.prod([int(n) for n in t.shape]))
+        row["bytes"] += int(t.data.nbytes)
+    total = sum(r["bytes"] for r in rows.values())
+    for r in rows.values():
+        r["bits_per_weight"] = 8 * r["bytes"] / r["weights"]
+        r["share"] = r["bytes"] / total
+    return sorted(rows.values(), key=lambda r: -r["bytes"])
