@@ -175,3 +175,17 @@ def test_greedy_continuations_part_only_at_llama_cpps_ties(gemma):
                 assert top[0][1] - top[1][1] < MARGIN, (row["prompt"], len(out) - 1)
                 break
             logits = model(torch.tensor([[out[-1]]]), cache=cache)[0, -1]
+
+
+def test_a_llama_configs_identity_and_saved_states_are_what_they_were():
+    """The family fields at Llama's default are left out of the identity that fingerprints saved states and
+    checkpoints, so a state or checkpoint saved before the fields existed still loads."""
+    import dataclasses
+
+    from labkit.model.config import FAMILY_FIELDS
+
+    smol = ModelConfig.from_name("smollm2-135m")
+    before = {k: v for k, v in dataclasses.asdict(smol).items() if k not in FAMILY_FIELDS}
+    assert smol.identity() == before
+    assert set(FAMILY_FIELDS) <= set(ModelConfig(**GEMMA_270M).identity())
+    assert ModelConfig(**smol.identity()) == smol

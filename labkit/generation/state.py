@@ -16,7 +16,6 @@ instead of re-running the prompt.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -57,7 +56,7 @@ class PrefillState:
 
 def model_fingerprint(model) -> str:
     """A short hash of the model's config, dtype and a sample of its weights."""
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(model.config), sort_keys=True, default=str).encode())
+    h = hashlib.sha256(json.dumps(model.config.identity(), sort_keys=True, default=str).encode())
     h.update(str(model.dtype).encode())
     with torch.no_grad():
         for t in (model.tok_embeddings.weight[:8], model.norm.weight, model.layers[0].attn.wqkv.weight[:8]):
@@ -104,7 +103,7 @@ def save_state(state, path: str | Path, model=None) -> Path:
     header = {
         "format": FORMAT,
         "model": info or {"name": state.cache.config.name, "fingerprint": None, "dtype": str(state.cache.dtype).replace("torch.", "")},
-        "config": dataclasses.asdict(state.cache.config),
+        "config": state.cache.config.identity(),
         "cache": {"kind": state.cache.kind, "options": options, "meta": cache_meta},
         "position": state.position,
         "seed": state.seed,
@@ -122,7 +121,7 @@ def describe(path: str | Path) -> dict:
 
 def _check_model(header: dict, model, path) -> None:
     saved, here = header["model"], model_info(model)
-    same_config = header["config"] == json.loads(json.dumps(dataclasses.asdict(model.config), default=str))
+    same_config = header["config"] == json.loads(json.dumps(model.config.identity(), default=str))
     same_weights = saved["fingerprint"] is None or saved["fingerprint"] == here["fingerprint"]
     if not (same_config and same_weights and saved["dtype"] == here["dtype"]):
         raise ValueError(

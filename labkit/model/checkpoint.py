@@ -34,7 +34,7 @@ def save_model(model: Transformer, path: str | Path, record: dict | None = None,
 
     if dtype not in STORE_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(STORE_DTYPES)}, got {dtype!r}")
-    header = {"format": FORMAT, "config": dataclasses.asdict(model.config), "dtype": dtype, "record": record or {}}
+    header = {"format": FORMAT, "config": model.config.identity(), "dtype": dtype, "record": record or {}}
     tensors = {k: v.detach().to("cpu", STORE_DTYPES[dtype]).contiguous().clone() for k, v in model.state_dict().items()}
     path = Path(path)
     save_file(tensors, str(path), metadata={"labkit": json.dumps(header, sort_keys=True)})

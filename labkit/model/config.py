@@ -19,6 +19,7 @@ from labkit import checks
 ROPE_LAYOUTS = ("interleaved", "half")
 NORM_PLACEMENTS = ("pre", "sandwich")  # Llama: x + f(norm(x)); Gemma: x + norm(f(norm(x)))
 ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's gate: SwiGLU (Llama) or GeGLU with tanh-GELU (Gemma)
+FAMILY_FIELDS = ("norm_placement", "qk_norm", "activation", "embed_scale", "layer_windows", "rope_local_base")
 CSA_FIELDS = ("csa_block", "csa_topk", "csa_window", "csa_index_heads", "csa_index_dim")
 
 
@@ -110,11 +111,15 @@ class ModelConfig:
         """The smallest window of a sliding layer (0: every layer global)."""
         return min((w for w in self.layer_windows if w), default=0)
 
-    def __repr__(self) -> str:  # the dataclass's form, leaving out fields at their Llama default
+    def identity(self) -> dict:
+        """The fields as a dict, leaving out the family fields at their Llama default: a Llama config's identity (its
+        saved states' fingerprint) stays what it was before those fields existed."""
         default = ModelConfig.__dataclass_fields__
-        family = ("norm_placement", "qk_norm", "activation", "embed_scale", "layer_windows", "rope_local_base")
-        shown = [f.name for f in dataclasses.fields(self) if (self.compressed_attention or f.name not in CSA_FIELDS)
-                 and (f.name not in family or getattr(self, f.name) != default[f.name].default)]
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in FAMILY_FIELDS or v != default[k].default}
+
+    def __repr__(self) -> str:  # the dataclass's form, leaving out fields at their Llama default
+        shown = [k for k in self.identity() if self.compressed_attention or k not in CSA_FIELDS]
         return f"ModelConfig({', '.join(f'{n}={getattr(self, n)!r}' for n in shown)})"
 
     @property
