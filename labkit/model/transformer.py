@@ -256,11 +256,8 @@ class Transformer(KernelSettings, nn.Module):
             if cache is not None and cache.pass_end > self.config.max_seq_len:
                 raise ValueError(f"sequence of {cache.pass_end} tokens is longer than the context window "
                                  f"of {self.config.max_seq_len} tokens")
-            end = T if cache is None else cache.pass_end
-            if self.config.sliding_window and end > self.config.sliding_window:
-                raise ValueError(f"sequence of {end} tokens passes the sliding window of {self.config.sliding_window} "
-                                 f"tokens of this model's local layers: attention beyond the window is not implemented "
-                                 f"yet; keep prompt and reply within {self.config.sliding_window} tokens")
+            if self.config.sliding_window:  # a model with sliding layers: refuse what they would not see
+                self._check_window(T if cache is None else cache.pass_end)
             x = self.embed(ids.reshape(-1))  # [B·T, d_model]
             with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T and not cache.packed)):  # a prompt
                 for block in self.layers if n_layers is None else self.layers[:n_layers]:
@@ -270,6 +267,13 @@ class Transformer(KernelSettings, nn.Module):
                 h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
                 logits = self.head(h)  # [B·T', V]
             return logits.view(B, -1, logits.shape[-1])  # [B, T, V]
+
+    def _check_window(self, end: int) -> None:
+        window = self.config.sliding_window
+        if end > window:
+            raise ValueError(f"sequence of {end} tokens passes the sliding window of {window} tokens of this model's "
+                             f"local layers: attention beyond the window is not implemented yet; keep prompt and "
+                             f"reply within {window} tokens")
 
     def compile_step(self, progress: bool = True) -> "Transformer":
         """Passes of up to 16 tokens on a contiguous cache as one compiled program, in place, any format
