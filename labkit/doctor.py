@@ -132,8 +132,12 @@ def kernel_lines() -> list[str]:
     """The CPU's instruction sets and, per weight format, whether the default kernels are row-invariant here."""
     from labkit.costmodel.cpu import describe
     from labkit.model.invariance import default_kernels_report
+    from labkit.quant import native
 
+    built, line = native.status()
     lines = [f"[INFO] CPU: {describe()}",
+             f"[INFO] labkit's block kernels (Q4_1 and Q8_0 weights × int8 activations): {line}"
+             + ("" if built else "\n       fix: install a C++ compiler (Debian: apt-get install g++), then run labkit doctor again"),
              "[INFO] row-invariant default kernels (a row's bits alone = among 2..16 rows; "
              "Transformer.batch_invariant makes them so either way):"]
     for r in default_kernels_report():

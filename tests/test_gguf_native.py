@@ -28,7 +28,7 @@ def models():
     from labkit.model.gguf_native import load_gguf_native
 
     float_model, tok = smollm2()
-    exact = load_gguf_native(paths.smollm2_gguf_path(), act_dtype=torch.float32, head="float32")
+    exact = load_gguf_native(paths.smollm2_gguf_path(), act_dtype=torch.float32, head="float32", kernel="torch-int4")
     fast, _ = labkit.load("smollm2-135m", dtype="bfloat16", weights="gguf")
     return float_model, exact, fast, tok
 

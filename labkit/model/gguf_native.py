@@ -25,9 +25,30 @@ from labkit.quant import ggml
 from labkit.quant.linear import QuantLinear
 from labkit.quant.rtn import QuantizedTensor
 
-__all__ = ["load_gguf_native", "HEADS"]
+__all__ = ["load_gguf_native", "HEADS", "KERNELS", "pick_kernel"]
 
-HEADS = ("int8", "float32")
+HEADS = ("auto", "q8_0", "int8", "float32")  # auto: q8_0 on labkit's kernel, else int8
+KERNELS = ("auto", "q4q8", "torch-int4")  # auto: labkit's int4 × int8 kernel where it is built, else torch's int4
+
+
+def pick_kernel(kernel: str, act_dtype: torch.dtype) -> tuple[str, str]:
+    """(the kernel the blocks run on, why): "q4q8" for float32 activations where labkit's kernel builds."""
+    from labkit.quant import native
+
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "torch-int4":
+        return kernel, "asked for"
+    if act_dtype != torch.float32:
+        if kernel == "q4q8":
+            raise ValueError(f"kernel='q4q8' quantizes float32 activations to int8; act_dtype must be float32, got {act_dtype}")
+        return "torch-int4", f"{str(act_dtype).replace('torch.', '')} activations"
+    built, line = native.status()
+    if not built:
+        if kernel == "q4q8":
+            raise native.KernelUnavailable(line)
+        return "torch-int4", line
+    return "q4q8", line
 
 
 def _parts(reader, name: str) -> QuantizedTensor:
@@ -45,23 +66,49 @@ def _cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
                            torch.cat([p.minimum for p in parts]), 4, 32)
 
 
-def load_gguf_native(path, act_dtype: torch.dtype = torch.bfloat16, head: str = "int8") -> Transformer:
-    """A `Transformer` whose linear layers run the file's Q4_1 codes on the int4 kernel."""
+def load_gguf_native(path, act_dtype: torch.dtype = torch.bfloat16, head: str = "auto",
+                     kernel: str = "auto") -> Transformer:
+    """A `Transformer` whose linear layers run the file's Q4_1 codes on an int4 kernel.
+
+    `kernel`: "q4q8" (labkit's int4 × int8 kernel, `labkit.quant.q4q8`: float32 activations quantized
+    to int8 per block, exact and row-invariant), "torch-int4" (torch's packed int4 kernel, activations
+    in `act_dtype`), or "auto": q4q8 for float32 activations where it is built, else torch's, with the
+    reason in `model.weights`. `head`: "q8_0" (the file's Q8_0 embedding blocks as the LM head, on labkit's
+    int8 × int8 kernel; needs kernel q4q8), "int8" (re-rounded per channel for torch's int8 kernel),
+    "float32" (the file's values, in float32), or "auto": q8_0 with labkit's kernel, else int8.
+    """
     if head not in HEADS:
         raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+    kernel, why = pick_kernel(kernel, act_dtype)
+    if head == "auto":
+        head = "q8_0" if kernel == "q4q8" else "int8"
+    if head == "q8_0" and kernel != "q4q8":
+        raise ValueError(f"head='q8_0' runs on labkit's int8 × int8 kernel, which this load does not use ({why})")
     reader = open_gguf(path) if not hasattr(path, "tensors") else path
     model = load_gguf(reader)  # norms, embedding and config; its float linear weights are replaced below
     if model.config.rope_layout != "interleaved":
         raise ValueError("the native path keeps the file's Q/K rows, which need rope_layout='interleaved'")
+    if kernel == "q4q8":
+        from labkit.quant.q4q8 import Q4Q8Linear
+
+        make = Q4Q8Linear.from_quantized
+    else:
+        make = lambda qt: QuantLinear(qt, act_dtype=act_dtype)  # noqa: E731
     for i, block in enumerate(model.layers):
         blk = f"blk.{i}."
-        layer = lambda names: QuantLinear(_cat([_parts(reader, blk + n + ".weight") for n in names]),  # noqa: E731
-                                          act_dtype=act_dtype)
+        layer = lambda names: make(_cat([_parts(reader, blk + n + ".weight") for n in names]))  # noqa: E731
         block.attn.wqkv = layer(["attn_q", "attn_k", "attn_v"])
         block.attn.wo = layer(["attn_output"])
         block.mlp.w_gate_up = layer(["ffn_gate", "ffn_up"])
         block.mlp.w_down = layer(["ffn_down"])
+    if model.lm_head is None and head == "q8_0":
+        from labkit.quant.q4q8 import Q8Q8Linear
+
+        t = {x.name: x for x in reader.tensors}["token_embd.weight"]
+        codes, d, _ = ggml.block_parts(t.data, "Q8_0", tuple(int(n) for n in reversed(t.shape)))
+        model.lm_head = Q8Q8Linear(torch.from_numpy(codes.copy()), torch.from_numpy(d))
     if model.lm_head is None and head == "int8":
         model.lm_head = QuantLinear.from_float(model.tok_embeddings.weight, bits=8, act_dtype=act_dtype)
-    model.weights = f"gguf-native (Q4_1 codes, head {head}, activations {str(act_dtype).replace('torch.', '')})"
+    on = "labkit's int4 × int8 kernel" if kernel == "q4q8" else f"torch's int4 kernel ({why})"
+    model.weights = f"gguf-native (Q4_1 codes on {on}, head {head}, activations {str(act_dtype).replace('torch.', '')})"
     return model

@@ -29,6 +29,7 @@ from labkit.quant import intdot
 from labkit.quant.blocklinear import BlockLinear, check_options
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
 from labkit.quant.linear import QuantLinear, layout, packed_layout_problem
+from labkit.quant.q4q8 import Q4Q8Linear, Q8Q8Linear
 from labkit.quant.rtn import quantize
 
 __all__ = ["quantize_model", "METHODS", "MODEL_BITS", "model_nbytes", "read_nbytes"]
@@ -161,7 +162,8 @@ def read_nbytes(layer: nn.Module) -> int:
     `QuantLinear` (3 bits, per-channel int4): its codes (one int8 per weight), its scales and minimums,
     and the float32 matrix it builds from them on every call. A `BlockLinear` with float activations: its
     float32 copy (`dense`), the only weights its product touches; with int8 activations: its int8 codes
-    (one byte per weight, Q4_1 too) and its float32 d (and m). An `nn.Linear`: its weight.
+    (one byte per weight, Q4_1 too) and its float32 d (and m). A `Q4Q8Linear` or `Q8Q8Linear`: its packed codes and
+    float16 steps (and minimums) (exactly what the file stores). An `nn.Linear`: its weight.
     """
     if isinstance(layer, QuantLinear):
         if layer.reference:
@@ -172,9 +174,11 @@ def read_nbytes(layer: nn.Module) -> int:
     if isinstance(layer, BlockLinear):
         parts = (layer.dense,) if layer.dense is not None else (layer.codes, layer.d, layer.m)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
+    if isinstance(layer, (Q4Q8Linear, Q8Q8Linear)):
+        return sum(b.numel() * b.element_size() for b in layer.buffers())
     if isinstance(layer, nn.Linear):
         return layer.weight.numel() * layer.weight.element_size()
-    raise TypeError(f"layer must be a QuantLinear, BlockLinear or nn.Linear, got {type(layer).__name__}")
+    raise TypeError(f"layer must be a QuantLinear, BlockLinear, Q4Q8Linear, Q8Q8Linear or nn.Linear, got {type(layer).__name__}")
 
 
 def model_nbytes(model: nn.Module, read: bool = False) -> int:
@@ -185,7 +189,7 @@ def model_nbytes(model: nn.Module, read: bool = False) -> int:
     """
     total = 0
     for m in model.modules():
-        if isinstance(m, (QuantLinear, BlockLinear)):
+        if isinstance(m, (QuantLinear, BlockLinear, Q4Q8Linear, Q8Q8Linear)):
             total += read_nbytes(m) if read else m.nbytes()
         elif isinstance(m, nn.Linear):
             total += m.weight.numel() * m.weight.element_size()
