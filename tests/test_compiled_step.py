@@ -1,5 +1,7 @@
 """The compiled decode step (`Transformer.compile_step`): the tokens eager gives, in every format, and a
 64-token decode that compiles once; what it leaves to the eager step, and what it refuses."""
+import copy
+
 import pytest
 import torch
 
@@ -124,6 +126,65 @@ def test_a_failed_pass_leaves_the_cache_as_it_was(f32):
         with pytest.raises(ValueError, match="holds at most 8 tokens"):
             model(torch.tensor([[1, 2]]), cache)
     assert cache.seq_len == len(PROMPT[0])
+
+
+def test_a_failed_compiled_pass_leaves_the_cache_as_it_was(f32):
+    """The test above fails in the cache before the program runs; this one fails inside the compiled pass."""
+    model, _ = f32
+    cache = model.new_cache(batch_size=1, max_len=32)
+    saved = dict(model.compiled._fns)
+
+    def failing(*args):
+        raise RuntimeError("a failure inside the program")
+
+    with torch.no_grad():
+        model(torch.tensor(PROMPT), cache)
+        calls = model.compiled.calls
+        try:
+            model.compiled._fns.update({key: failing for key in saved})
+            with pytest.raises(RuntimeError, match="inside the program"):
+                model(torch.tensor([[1, 2]]), cache)
+        finally:
+            model.compiled._fns.update(saved)
+        assert cache.seq_len == len(PROMPT[0]) and model.compiled.calls == calls  # the compiled path, aborted
+        model(torch.tensor([[1, 2]]), cache)
+    assert cache.seq_len == len(PROMPT[0]) + 2 and model.compiled.calls == calls + 1
+
+
+def test_a_copy_does_not_carry_the_programs(f32):
+    """A copy's modules are new objects: programs traced on the original would read the wrong ones (a KeyError for
+    a quantized copy of a compiled model, before)."""
+    model, _ = f32
+    assert copy.deepcopy(model).compiled is None
+    q = quantize_model(model, bits=8)
+    assert q.compiled is None and model.compiled is not None
+    cache = q.new_cache(batch_size=1, max_len=16)
+    with torch.no_grad():
+        q(torch.tensor(PROMPT), cache)
+        assert q.step(torch.tensor([[3]]), cache).shape == (1, 1, 96)
+
+
+def test_a_changed_model_drops_its_programs():
+    """Re-laying out, quantizing in place, or replacing a product module by hand: the next pass compiles afresh."""
+    cfg = ModelConfig(vocab_size=96, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=128)
+    torch.manual_seed(0)
+    for change in ("column_major_", "quantize in place", "by hand"):
+        model = Transformer(cfg).eval().compile_step(progress=False)  # row-major: column_major_ changes it
+        model.compiled._fns[("a traced program",)] = object()
+        if change == "column_major_":
+            model.column_major_()
+        elif change == "quantize in place":
+            quantize_model(model, bits=8, inplace=True)
+        else:
+            model.layers[0].attn.wo = torch.nn.Linear(64, 64, bias=False)
+            cache = model.new_cache(batch_size=1, max_len=4)
+            with torch.no_grad():
+                assert model.compiled.eager_reason(torch.tensor([[1]]), cache, n_layers=1) == "early exit"
+        assert model.compiled.stats()["programs"] == 0 and model.compiled.resets == 1, change
+    model.column_major_()
+    model.compiled._fns[("a traced program",)] = object()
+    model.column_major_()  # already column-major: nothing changes, the programs stay
+    assert model.compiled.stats()["programs"] == 1
 
 
 def test_refusals():

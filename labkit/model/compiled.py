@@ -8,8 +8,12 @@ one graph, fuses the elementwise work between the weight products into generated
 as extern kernels (MKL/oneDNN for float, the packed int8/int4 kernels as they are), and runs it
 all from a C++ wrapper: no Python between kernels. The weights are not frozen into the program: they
 are inputs of the graph, read from the model's modules at each call, so an in-place change to a weight
-shows in the output. A change of layout or kind (quantizing, `column_major_()`, a copy of the model) is
-not seen by the program's key: compile *after* loading, quantizing or changing a model.
+shows in the output. A program is tied to the modules it was traced on: `column_major_()` and quantizing
+in place (`labkit.quant.quantize_model(..., inplace=True)`) drop the programs, so the next pass compiles
+afresh; a copy of the model (`copy.deepcopy`, `quantize_model` without `inplace`) does not carry them (it runs
+eagerly until `compile_step()` is called on it); and every pass checks that the first block's products,
+the head and the embedding are the objects the programs were traced on (a replaced module or weight there
+drops them too). A module replaced by hand elsewhere is not seen: call `compile_step()` again after it.
 
 Shapes are kept static so the program never recompiles during a decode: the cache is the
 contiguous one (fixed capacity, one buffer per layer, written in place at `positions`), and
@@ -46,8 +50,9 @@ from labkit.measure.clock import now as clock_now
 
 __all__ = ["CompiledStep", "COMPILE_MAX_TOKENS", "compiler_problem", "inductor_cache_dir", "kernel_source", "program_summary"]
 
-# C++ wrapper (no Python between kernels), weights frozen as constants, and bf16/fp16 intermediates rounded
-# where the eager step rounds them (without it a fused kernel keeps them in float32: other bits, other tokens)
+# C++ wrapper (no Python between kernels) and bf16/fp16 intermediates rounded where the eager step rounds them
+# (without it a fused kernel keeps them in float32: other bits, other tokens). `freezing` folds only what the
+# graph holds as constants; the weights are graph inputs (read from the modules each call), so it leaves them be
 COMPILE_OPTIONS = {"cpp_wrapper": True, "freezing": True, "emulate_precision_casts": True}
 COMPILE_MAX_TOKENS = 16  # passes of up to this many tokens run compiled (verification, small batches)
 
@@ -155,6 +160,19 @@ class CompiledStep:
         self.compile_s: list[float] = []
         self.calls, self.eager = 0, Counter()  # compiled passes; eager passes by reason
         self.code: dict[str, str] = {}  # program name -> the generated source (C++ kernels and wrapper)
+        self.resets = 0  # times the programs were dropped because the model changed under them
+        self._anchor = _anchor(model)
+
+    def __deepcopy__(self, memo):
+        """A copy of the model does not carry the programs (they were traced on the original's modules)."""
+        return None
+
+    def reset(self) -> None:
+        """Drop every program: the model's modules or weights changed; the next pass compiles afresh."""
+        if self._fns:
+            self.resets += 1
+        self._fns.clear()
+        self._anchor = _anchor(self.model)
 
     def _backend(self, gm, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -166,6 +184,8 @@ class CompiledStep:
         """Why this pass runs eagerly, or None when the compiled program takes it."""
         from labkit.kvcache.contiguous import ContiguousCache
 
+        if _anchor(self.model) != self._anchor:
+            self.reset()
         if torch.is_grad_enabled():
             return "gradients on"
         if type(cache) is not ContiguousCache:
@@ -238,8 +258,17 @@ class CompiledStep:
     def stats(self) -> dict:
         """graphs compiled, compile seconds, compiled passes, eager passes by reason."""
         return {"graphs": self.graphs, "compile_s": list(self.compile_s), "compiled_calls": self.calls,
-                "eager_calls": dict(self.eager)}
+                "eager_calls": dict(self.eager), "programs": len(self._fns), "resets": self.resets}
 
+
+
+def _anchor(model) -> tuple:
+    """Identities a pass checks cheaply (a few attribute reads): block 0's product modules and weights, the head, the
+    embedding's weight. Quantizing or re-laying out a model replaces them."""
+    first = model.layers[0]
+    mods = (first.attn.wqkv, first.attn.wo, first.mlp.w_gate_up, first.mlp.w_down)
+    return (tuple(id(m) for m in mods), tuple(id(m._parameters.get("weight")) for m in mods),
+            id(model.lm_head), id(model.tok_embeddings.weight))
 
 
 def program_summary(source: str) -> dict:

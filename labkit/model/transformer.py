@@ -183,11 +183,15 @@ class Transformer(KernelSettings, nn.Module):
         product takes a slow path (many times slower per decode step of SmolLM2: `labkit bench --only smollm2`
         measures it on this machine), so loaders keep half-precision weights row-major.
         """
+        changed = False
         with torch.no_grad():
             for module in self.modules():
                 if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.t().is_contiguous():
                     w = module.weight
                     module.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=w.requires_grad)
+                    changed = True
+        if changed and self.compiled is not None:  # traced on the old layout: the next pass compiles afresh
+            self.compiled.reset()
         return self
 
     def output_weight(self) -> torch.Tensor:
@@ -277,7 +281,7 @@ class Transformer(KernelSettings, nn.Module):
 
     def compile_step(self, progress: bool = True) -> "Transformer":
         """Passes of up to 16 tokens on a contiguous cache as one compiled program, in place, any format
-        (`labkit.model.compiled`); weights are frozen into it: compile after quantizing."""
+        (`labkit.model.compiled`); the programs follow the model's weights, and are dropped when its modules change."""
         from labkit.model.compiled import CompiledStep
         self.compiled = CompiledStep(self, progress=progress)
         return self

@@ -133,6 +133,8 @@ def _replace_linears(out: nn.Module, make, include_head: bool) -> None:
         setattr(out.get_submodule(parent_name) if parent_name else out, child, make(module.weight))
     if include_head and _tied(out):
         out.lm_head = make(out.tok_embeddings.weight)
+    if getattr(out, "compiled", None) is not None:  # a compiled step was traced on the float layers
+        out.compiled.reset()
 
 
 def _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums):

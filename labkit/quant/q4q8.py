@@ -188,10 +188,14 @@ class Q4Q8Linear(_BlockLayer):
                              f"bits={qt.bits}, group_size={qt.group_size}, symmetric={qt.symmetric}")
         return cls(qt.codes, qt.scale, qt.minimum)
 
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes uint8 [N, K] in 0..15, d, m float32 [N, K/32]): the layer's Q4_1 blocks as the file stores them."""
+        return unpack(self._packed())
+
     @property
     def weight(self) -> torch.Tensor:
         """The float32 matrix the blocks stand for (for inspection; the forward never builds it)."""
-        codes, d, m = unpack(self._packed())
+        codes, d, m = self.blocks()
         return codes.float() * d.repeat_interleave(BLOCK, 1) + m.repeat_interleave(BLOCK, 1)
 
     def nbytes(self) -> int:

@@ -1,0 +1,167 @@
+"""labkit's own block kernels on SmolLM2's GGUF file: products over k rows, the whole step, decode beside llama.cpp.
+
+Four parts, printed and returned (every timing through `labkit.measure`):
+
+- products: one step's weight products (the 120 Q4_1 matrices and the Q8_0 head) on M = 1, 4, 8, 16
+  input rows, labkit's int4 × int8 kernel (`labkit.quant.q4q8`) against torch's int4 kernel with
+  bfloat16 activations (its fast path), interleaved rounds; T(M)/T(1) of each;
+- the step: T(k)/T(1) of a k-token pass of the model on labkit's kernels (a prompt in the cache, the
+  pass timed alone, a fresh cache each round), k = 1, 4, 8, 16;
+- decode: tokens/s of labkit's kernels, of torch's int4 kernel (bfloat16) and of llama.cpp on the same
+  file, each in its own process, rounds alternating (`labkit.benchmarks.workers`), ratios with their
+  intervals (`measure.compare`). On a CPU with AVX-512 the same again with the labkit workers under
+  AVX2 emulation (`labkit.measure.cpu.ISA_EMULATION`) against a llama.cpp built for AVX2 only, when
+  `LABKIT_LLAMA_AVX2` names a folder holding such a `llama_cpp` (pip install --target FOLDER with
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON");
+- the bandwidth limit: bytes one step reads (the blocks and the KV cache at that context) over the
+  streaming-read bandwidth measured in the same run: the step's share of the physical limit.
+
+`LABKIT_LLAMA_AVX2=FOLDER labkit bench --only kernel --json data/kernel_bench.json` writes the file chapter 06 reads.
+"""
+from __future__ import annotations
+
+import os
+
+TITLE = "labkit's int4 × int8 kernel: products over k rows, the step's T(k), decode beside llama.cpp per ISA"
+
+PROMPT = "Explain in two sentences why the sky is blue."
+ROWS = (1, 4, 8, 16)
+KERNEL, TORCH_INT4 = "labkit Q4_1 × Q8", "torch int4 (bf16)"
+SPECS = {KERNEL: {"side": "labkit", "weights": "gguf"},
+         TORCH_INT4: {"side": "labkit", "weights": "gguf", "dtype": "bfloat16"}}
+
+
+def products_over_rows(model, other, rounds: int = 5) -> dict:
+    """M -> `measure.Run` of one step's products on M rows (M in `ROWS`): the kernel layers of `model` (labkit's)
+    against the `QuantLinear` layers of `other` (torch's int4, bfloat16 activations), interleaved."""
+    import torch
+
+    from labkit import measure
+    from labkit.quant.q4q8 import Q4Q8Linear, Q8Q8Linear
+    from labkit.quant.linear import QuantLinear
+
+    ours = [m for m in model.modules() if isinstance(m, (Q4Q8Linear, Q8Q8Linear))]
+    theirs = [m for m in other.modules() if isinstance(m, QuantLinear)]
+    out = {}
+    for rows in ROWS:
+        xs = [torch.randn(rows, m.in_features) for m in ours]
+        xb = [torch.randn(rows, m.in_features, dtype=torch.bfloat16) for m in theirs]
+        with torch.inference_mode():
+            r = measure.run({KERNEL: lambda: [m(x) for m, x in zip(ours, xs)],
+                             TORCH_INT4: lambda: [m(x) for m, x in zip(theirs, xb)]}, rounds=rounds, machine=False)
+        out[rows] = r
+    return out
+
+
+def step_passes(model, ids: list[int], rounds: int = 5):
+    """T(k) of one k-token pass after the prompt, each round on a fresh cache holding the prompt."""
+    import torch
+
+    from labkit import measure
+
+    caches = {}
+
+    def setup(name):
+        cache = model.new_cache(max_len=len(ids) + 32)
+        with torch.inference_mode():
+            model.step(torch.tensor([ids]), cache)
+        caches[name] = cache
+
+    def pass_of(k):
+        x = torch.full((1, k), 42)
+        return lambda: model.step(x, caches[f"k={k}"])
+
+    with torch.inference_mode():
+        return measure.run({f"k={k}": pass_of(k) for k in ROWS}, rounds=rounds, setup=setup, machine=False)
+
+
+def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
+    """tok/s of labkit's kernels, torch's int4 and llama.cpp, each in its own process; `isa`: emulate it for labkit."""
+    from labkit import measure
+    from labkit.benchmarks import workers
+    from labkit.measure.cpu import ISA_EMULATION
+
+    env = ISA_EMULATION[isa] if isa else None
+    peer_env, peer_name = None, workers.LLAMA_CPP
+    if isa:
+        folder = os.environ.get("LABKIT_LLAMA_AVX2", "")
+        if not folder or not os.path.isdir(folder):
+            return {"skipped": f"no AVX2-only llama.cpp: set LABKIT_LLAMA_AVX2 to its folder (got {folder!r})"}
+        peer_env, peer_name = {"PYTHONPATH": folder}, f"{workers.LLAMA_CPP} (AVX2 build)"
+    sides, why = {}, None
+    try:
+        for name, spec in SPECS.items():
+            sides[name] = workers.Worker(spec, env=env)
+        try:
+            sides[peer_name] = workers.Worker({"side": "llama.cpp"}, env=peer_env)
+        except RuntimeError as exc:
+            why = str(exc)
+        run = workers.alternate(sides, ids, n, rounds)
+    finally:
+        for w in sides.values():
+            w.close()
+    out = {"run": run.as_dict(), "isa": isa or "native", "tok_s": {k: 1 / t.median for k, t in run.items()}}
+    for name, t in run.items():
+        print(f"    {name:28s} {1 / t.median:7.1f} tok/s (IQR {t.iqr / t.median:.0%})")
+    if why:
+        out["llama_cpp"] = why
+        print(f"    (no llama.cpp row: {why})")
+        return out
+    out["vs_llama_cpp"] = {}
+    for name in SPECS:
+        c = measure.compare(run[name], run[peer_name])
+        out["vs_llama_cpp"][name] = c.as_dict()
+        print(f"    {c}")
+    return out
+
+
+def run(quick: bool = False) -> dict:
+    import torch
+
+    import labkit
+    from labkit.costmodel.measure import read_bandwidth_gb_s
+    from labkit.measure.cpu import describe
+    from labkit.quant import model_nbytes, native
+
+    built, line = native.status()
+    print(f"  {describe()}\n  kernels: {line}")
+    if not built:
+        return {"skipped": line}
+    model, tok = labkit.load("smollm2-135m", weights="gguf")
+    other = labkit.load("smollm2-135m", dtype="bfloat16", weights="gguf")[0]
+    ids = tok.encode(PROMPT)
+    rounds = 5 if quick else 10
+    report = {"cpu": describe(), "kernels": line, "path": native.path_for()}
+    print("  one step's products (120 Q4_1 matrices + the Q8_0 head), ms, and T(M)/T(1):")
+    prods = products_over_rows(model, other, rounds)
+    report["products"] = {str(m): r.as_dict() for m, r in prods.items()}
+    for name in (KERNEL, TORCH_INT4):
+        t1 = prods[1][name].median
+        cells = "  ".join(f"M={m}: {prods[m][name].median * 1e3:6.2f} ({prods[m][name].median / t1:4.2f})" for m in ROWS)
+        print(f"    {name:20s} {cells}")
+    del other
+    steps = step_passes(model, ids, rounds)
+    t1 = steps["k=1"].median
+    report["step"] = {"run": steps.as_dict(), "ratio": {k: steps[f"k={k}"].median / t1 for k in ROWS}}
+    print("  the step (labkit's kernels), T(k)/T(1): "
+          + "  ".join(f"k={k}: {steps[f'k={k}'].median * 1e3:.2f} ms ({steps[f'k={k}'].median / t1:.2f})" for k in ROWS))
+    n = 32 if quick else 64
+    kv = model.config.kv_bytes_per_token(4) * (len(ids) + n // 2)
+    step_bytes = model_nbytes(model) + kv
+    bw = read_bandwidth_gb_s(seconds=1.0) * 1e9
+    report["bandwidth"] = {"step_bytes": step_bytes, "read_gb_s": bw / 1e9, "limit_tok_s": bw / step_bytes}
+    print(f"  a step reads {step_bytes / 1e6:.1f} MB (blocks + KV); streaming read {bw / 1e9:.1f} GB/s: "
+          f"at most {bw / step_bytes:.0f} tok/s")
+    del model
+    report["decode"] = {}
+    isas = [None] + (["avx2"] if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else [])
+    for isa in isas:
+        print(f"  decode, {n} tokens, each side in its own process ({isa or 'native'} ISA):")
+        report["decode"][isa or "native"] = d = _decode(ids, n, rounds, isa)
+        if "tok_s" in d and isa is None:
+            share = d["tok_s"][KERNEL] / report["bandwidth"]["limit_tok_s"]
+            report["bandwidth"]["kernel_share"] = share
+            print(f"    labkit's kernels reach {share:.0%} of the bandwidth limit")
+        elif "skipped" in d:
+            print(f"    (skipped: {d['skipped']})")
+    return report
