@@ -64,8 +64,9 @@ def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "fl
     bytes per decode step; "bfloat16" as a string works too). `weights="gguf"` (SmolLM2) keeps
     the file's Q4_1 blocks as int4 codes for the packed kernel instead of dequantizing them;
     `dtype` is then the activations' dtype (float32 or bfloat16). `compile=True` calls
-    `model.compile_step()`: decode steps and short passes run as one compiled program
-    (without a C++ compiler: a warning that says so, and the eager step).
+    `model.export_step()`: decode steps and short passes run as one program exported with AOTInductor,
+    built once under .build/exported/ and loaded from there after (without a C++ compiler: a warning
+    that says so, and the eager step).
     """
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}; available models: {', '.join(sorted(_REGISTRY)) or 'none'}")
@@ -77,7 +78,7 @@ def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "fl
     _release_freed_memory()
     if compile:
         try:
-            loaded[0].compile_step()
+            loaded[0].export_step()
         except RuntimeError as e:  # no C++ compiler: the eager step, said out loud
             import warnings
 

@@ -7,8 +7,9 @@ Four parts, printed and returned (every timing through `labkit.measure`):
   bfloat16 activations (its fast path), interleaved rounds; T(M)/T(1) of each;
 - the step: T(k)/T(1) of a k-token pass of the model on labkit's kernels (a prompt in the cache, the
   pass timed alone, a fresh cache each round), k = 1, 4, 8, 16;
-- decode: tokens/s of labkit's kernels, of torch's int4 kernel (bfloat16) and of llama.cpp on the same
-  file, each in its own process, rounds alternating (`labkit.benchmarks.workers`), ratios with their
+- decode: tokens/s of labkit's kernels (eager, and the step exported with AOTInductor: `export_step`, its
+  packages built before the timing, their build and load seconds reported), of torch's int4 kernel
+  (bfloat16) and of llama.cpp on the same file, each in its own process, rounds alternating (`labkit.benchmarks.workers`), ratios with their
   intervals (`measure.compare`). On a CPU with AVX-512 the same again with the labkit workers under
   AVX2 emulation (`labkit.measure.cpu.ISA_EMULATION`) against a llama.cpp built for AVX2 only, when
   `LABKIT_LLAMA_AVX2` names a folder holding such a `llama_cpp` (pip install --target FOLDER with
@@ -26,8 +27,9 @@ TITLE = "labkit's int4 × int8 kernel: products over k rows, the step's T(k), de
 
 PROMPT = "Explain in two sentences why the sky is blue."
 ROWS = (1, 4, 8, 16)
-KERNEL, TORCH_INT4 = "labkit Q4_1 × Q8", "torch int4 (bf16)"
+KERNEL, EXPORTED, TORCH_INT4 = "labkit Q4_1 × Q8", "labkit Q4_1 × Q8 exported", "torch int4 (bf16)"
 SPECS = {KERNEL: {"side": "labkit", "weights": "gguf"},
+         EXPORTED: {"side": "labkit", "weights": "gguf", "export": True},
          TORCH_INT4: {"side": "labkit", "weights": "gguf", "dtype": "bfloat16"}}
 
 
@@ -92,6 +94,8 @@ def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
     try:
         for name, spec in SPECS.items():
             sides[name] = workers.Worker(spec, env=env)
+        sides_info = {name: {"build_s": w.info["compile_s"], "load_s": w.info["load_s"]} for name, w in sides.items()
+                      if "compile_s" in w.info}
         try:
             sides[peer_name] = workers.Worker({"side": "llama.cpp"}, env=peer_env)
         except RuntimeError as exc:
@@ -100,9 +104,13 @@ def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
     finally:
         for w in sides.values():
             w.close()
-    out = {"run": run.as_dict(), "isa": isa or "native", "tok_s": {k: 1 / t.median for k, t in run.items()}}
+    out = {"run": run.as_dict(), "isa": isa or "native", "tok_s": {k: 1 / t.median for k, t in run.items()},
+           "build_s": sides_info}
     for name, t in run.items():
         print(f"    {name:28s} {1 / t.median:7.1f} tok/s (IQR {t.iqr / t.median:.0%})")
+    for name, t in sides_info.items():
+        print(f"    {name}: its programs built in {t['build_s']:.1f} s, loaded from disk in {t['load_s']:.2f} s "
+              f"(before the timing)")
     if why:
         out["llama_cpp"] = why
         print(f"    (no llama.cpp row: {why})")

@@ -14,7 +14,8 @@ nothing on disk, nothing in memory) and then a second one on the same cache (cac
 process pays), and reads each one's compile seconds.
 
 Specs (JSON-ready dicts): {"side": "labkit", "model": "smollm2-135m", "dtype": ..., "weights": ...,
-"bits": 4 or 8 (quantize, group 32), "compile": bool} or {"side": "llama.cpp"}.
+"bits": 4 or 8 (quantize, group 32), "compile": bool (`compile_step`), "export": bool (`export_step`)} or
+{"side": "llama.cpp"}.
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def _build(spec: dict):
         model = quantize_model(model, bits=spec["bits"], group_size=32, inplace=True,
                                act_dtype=getattr(torch, spec.get("act_dtype", "bfloat16")))
     info = {}
-    if spec.get("compile"):
-        model.compile_step(progress=False)
+    if spec.get("compile") or spec.get("export"):
+        model.export_step(progress=False) if spec.get("export") else model.compile_step(progress=False)
         state = prefill(model, [1, 2, 3, 4], max_len=24)
         decode(model, state, 2)  # the one-token program
         import torch
@@ -65,6 +66,7 @@ def _build(spec: dict):
         with torch.inference_mode():  # the program for passes of 2..16 tokens
             model.step(torch.full((1, 2), 5), state.cache)
         info["compile_s"] = sum(model.compiled.compile_s)
+        info["load_s"] = sum(getattr(model.compiled, "load_s", []))  # exported packages already on disk
 
     def run(ids, n):
         state = prefill(model, ids, max_len=len(ids) + n + 1)

@@ -24,7 +24,8 @@ __all__ = ["step_profile", "decode_rates", "decode_timings", "pass_costs", "pass
 
 # the operators that multiply by a weight matrix: float (BLAS), packed int8/int4
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::_weight_int8pack_mm",
-              "aten::_weight_int4pack_mm_for_cpu", "aten::bmm", "aten::_int_mm")
+              "aten::_weight_int4pack_mm_for_cpu", "aten::bmm", "aten::_int_mm",
+              "labkit::q4q8_mm", "labkit::q8q8_mm")  # labkit's own block kernels (`labkit.quant.q4q8`)
 
 
 @contextlib.contextmanager
@@ -65,7 +66,7 @@ def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
         with measure.timer() as t:
             decode(model, state, steps)
         profiled = t.seconds / steps
-    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    events = [e for e in prof.key_averages() if e.key.startswith(("aten::", "labkit::"))]
     ms = {e.key: e.self_cpu_time_total / 1e3 / steps for e in events}
     calls = sum(e.count for e in events) / steps
     matmul = sum(v for k, v in ms.items() if k in MATMUL_OPS)

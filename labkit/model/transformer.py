@@ -286,6 +286,13 @@ class Transformer(KernelSettings, nn.Module):
         self.compiled = CompiledStep(self, progress=progress)
         return self
 
+    def export_step(self, progress: bool = True) -> "Transformer":
+        """`compile_step`'s passes exported ahead of time with AOTInductor (`labkit.model.exported`): built once per
+        weights, instruction set and torch version under .build/exported/, loaded from there in a fresh process."""
+        from labkit.model.exported import ExportedStep
+        self.compiled = ExportedStep(self, progress=progress)
+        return self
+
     def auxiliary_loss(self) -> torch.Tensor | None:
         """The layers' own losses of the last training forward (the compressed attention's indexer), summed."""
         losses = [b.attn.aux_loss for b in self.layers if getattr(b.attn, "aux_loss", None) is not None]
