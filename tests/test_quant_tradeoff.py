@@ -93,5 +93,8 @@ def test_step_profile_splits_the_step_and_decode_rates_measure_each_model():
     assert p["top"] and all(t["op"].startswith("aten::") for t in p["top"])
     rates = profile.decode_rates({"a": model, "b": model}, ids(8)[0].tolist(), n=3, rounds=1)
     assert set(rates) == {"a", "b"} and all(r > 0 for r in rates.values())
+    # tokens per second, not n times that: 8 tokens a round give about the rate 1 token a round gives (it was 8x)
+    one, eight = (profile.decode_rates({"a": model}, ids(8)[0].tolist(), n=n, rounds=3)["a"] for n in (1, 8))
+    assert eight / one < 3
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         profile.step_profile(model, [1, 2], steps=0)

@@ -79,7 +79,7 @@ def step_profile(model, ids: list[int], steps: int = 8, top: int = 6) -> dict:
 def decode_rates(models: dict, ids: list[int], n: int = 16, rounds: int = 3) -> dict[str, float]:
     """Greedy decode tokens/s of each name → model after the same prompt: rounds interleaved, median per model
     (`decode_timings` keeps the samples and checks the arguments)."""
-    return {name: n / t.median for name, t in decode_timings(models, ids, n, rounds).items()}
+    return {name: 1 / t.median for name, t in decode_timings(models, ids, n, rounds).items()}  # t: seconds per token
 
 
 def decode_timings(models: dict, ids: list[int], n: int = 16, rounds: int = 3):
