@@ -110,5 +110,6 @@ def load_gguf_native(path, act_dtype: torch.dtype = torch.bfloat16, head: str = 
     if model.lm_head is None and head == "int8":
         model.lm_head = QuantLinear.from_float(model.tok_embeddings.weight, bits=8, act_dtype=act_dtype)
     on = "labkit's int4 × int8 kernel" if kernel == "q4q8" else f"torch's int4 kernel ({why})"
-    model.weights = f"gguf-native (Q4_1 codes on {on}, head {head}, activations {str(act_dtype).replace('torch.', '')})"
+    acts = "int8 per block of 32, quantized from float32" if kernel == "q4q8" else str(act_dtype).replace("torch.", "")
+    model.weights = f"gguf-native (Q4_1 codes on {on}, head {head}, activations {acts})"
     return model
