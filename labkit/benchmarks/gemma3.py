@@ -40,17 +40,8 @@ def run(quick: bool = False) -> dict:
 
     ids = from_gguf(path).encode("The history of the printing press begins in the fifteenth century, when")
     n, rounds = (16, 4) if quick else (32, 10)  # 10 paired rounds: enough for a sign-test interval
-    sides = {"labkit float32": workers.Worker({"side": "labkit", "model": "gemma3-270m"})}
-    why = None
-    try:
-        try:
-            sides["llama.cpp"] = workers.Worker({"side": "llama.cpp", "model": "gemma3-270m"})
-        except RuntimeError as exc:
-            why = str(exc)
-        run_ = workers.alternate(sides, ids, n, rounds)
-    finally:
-        for w in sides.values():
-            w.close()
+    run_, why = workers.rates_in_own_processes({"labkit float32": {"side": "labkit", "model": "gemma3-270m"}}, ids, n,
+                                               rounds, peer_name="llama.cpp", peer_model="gemma3-270m")
     out = {"file": path.name, "formats": table, "kv_bytes": {str(k): v for k, v in kv.items()},
            "decode": run_.as_dict(), "prompt_tokens": len(ids), "new_tokens": n}
     for name, timing in run_.timings.items():

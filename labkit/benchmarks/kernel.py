@@ -90,20 +90,11 @@ def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
         if not folder or not os.path.isdir(folder):
             return {"skipped": f"no AVX2-only llama.cpp: set LABKIT_LLAMA_AVX2 to its folder (got {folder!r})"}
         peer_env, peer_name = {"PYTHONPATH": folder}, f"{workers.LLAMA_CPP} (AVX2 build)"
-    sides, why = {}, None
-    try:
-        for name, spec in SPECS.items():
-            sides[name] = workers.Worker(spec, env=env)
-        sides_info = {name: {"build_s": w.info["compile_s"], "load_s": w.info["load_s"]} for name, w in sides.items()
-                      if "compile_s" in w.info}
-        try:
-            sides[peer_name] = workers.Worker({"side": "llama.cpp"}, env=peer_env)
-        except RuntimeError as exc:
-            why = str(exc)
-        run = workers.alternate(sides, ids, n, rounds)
-    finally:
-        for w in sides.values():
-            w.close()
+    infos: dict = {}
+    run, why = workers.rates_in_own_processes(SPECS, ids, n, rounds, env=env, peer_env=peer_env, peer_name=peer_name,
+                                              infos=infos)
+    sides_info = {name: {"build_s": i["compile_s"], "load_s": i["load_s"]} for name, i in infos.items()
+                  if "compile_s" in i}
     out = {"run": run.as_dict(), "isa": isa or "native", "tok_s": {k: 1 / t.median for k, t in run.items()},
            "build_s": sides_info}
     for name, t in run.items():

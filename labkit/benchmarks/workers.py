@@ -158,20 +158,26 @@ def alternate(workers: dict, ids: list[int], n: int, rounds: int = 5, warmup: in
 
 
 def rates_in_own_processes(specs: dict, ids: list[int], n: int, rounds: int = 5, peer: bool = True,
-                           settle_s: float = 0.5) -> tuple[measure.Run | None, str | None]:
+                           settle_s: float = 0.5, *, env: dict | None = None, peer_env: dict | None = None,
+                           peer_name: str = LLAMA_CPP, peer_model: str = "smollm2-135m",
+                           infos: dict | None = None) -> tuple[measure.Run | None, str | None]:
     """Decode seconds per token of each name -> labkit spec and, with `peer`, of llama.cpp on SmolLM2's GGUF file
-    ("llama.cpp Q4_1"), every side in its own worker, rounds alternating (`alternate`). Returns (the Run, why
-    llama.cpp is missing or None). Workers start one after another, so no side compiles or loads while another is
-    timed."""
+    (`peer_name`, default "llama.cpp Q4_1"), every side in its own worker, rounds alternating (`alternate`). Returns
+    (the Run, why llama.cpp is missing or None). Workers start one after another, so no side compiles or loads while
+    another is timed. `env` / `peer_env`: extra environment for the labkit workers / the peer's (an emulated
+    instruction set, another llama.cpp build on PYTHONPATH); `peer_model`: the model whose GGUF file llama.cpp runs;
+    `infos`, when given, receives each worker's ready message (its compile and load seconds)."""
     workers, why = {}, None
     try:
         for name, spec in specs.items():
-            workers[name] = Worker(spec)
+            workers[name] = Worker(spec, env=env)
         if peer:
             try:
-                workers[LLAMA_CPP] = Worker({"side": "llama.cpp"})
+                workers[peer_name] = Worker({"side": "llama.cpp", "model": peer_model}, env=peer_env)
             except RuntimeError as exc:
                 why = str(exc)
+        if infos is not None:
+            infos.update({name: w.info for name, w in workers.items()})
         return alternate(workers, ids, n, rounds, settle_s=settle_s), why
     finally:
         for w in workers.values():
