@@ -68,3 +68,12 @@ def test_a_copy_or_a_changed_model_does_not_run_the_old_program(exported):
         changed.compiled.eager_reason(torch.tensor([[1]]), changed.new_cache(batch_size=1, max_len=8), n_layers=1)
     assert changed.compiled.stats()["programs"] == 0
     assert changed.compiled.digest != model.compiled.digest  # the new weights get their own package
+
+
+def test_load_with_compile_exports(monkeypatch):
+    import labkit
+
+    called = []
+    monkeypatch.setattr(Transformer, "export_step", lambda self, progress=True: called.append(progress) or self)
+    model, _ = labkit.load("shakespeare", compile=True)
+    assert called == [True] and model.compiled is None  # export_step was called (here replaced: nothing built)
