@@ -390,3 +390,16 @@ def test_the_engine_clock_covers_drafting_and_verification(tiny, host_time):
             assert took == pytest.approx(0.001)
         now = step.end
     assert drafted > 0
+
+
+def test_a_budget_without_a_drafter_is_refused(capsys):
+    """A budget with nothing to draft did nothing, silently; now the engine and the server say so."""
+    from labkit.cli import main
+    from labkit.model import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, ffn_dim=32, max_seq_len=64))
+    with pytest.raises(ValueError, match="spec_budget='fixed:3' needs a drafter"):
+        Engine(model, spec_budget="fixed:3")
+    assert Engine(model, spec_budget="off").speculator is None  # "off" with no drafter says what happens
+    assert main(["serve", "--spec-budget", "fixed:3"]) == 2
+    assert "--spec-budget fixed:3 needs --speculative" in capsys.readouterr().err

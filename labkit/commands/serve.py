@@ -56,9 +56,9 @@ def add_parser(sub):
     p.add_argument("--speculative", default=None, choices=["prompt-lookup", *HEADS],
                    help="draft tokens and verify them in the batched passes (default: no speculation); the drafting "
                         "heads (mtp, zero-copy, medusa) are refused: see --help's note")
-    p.add_argument("--spec-budget", type=_spec_budget, default="auto",
-                   help="drafted tokens verified per request and pass: off, fixed:N, vllm:B[:N] (none from B running "
-                        "requests) or auto (from measured acceptance and pass cost; default: %(default)s)")
+    p.add_argument("--spec-budget", type=_spec_budget, default=None,
+                   help="with --speculative: drafted tokens verified per request and pass: off, fixed:N, vllm:B[:N] "
+                        "(none from B running requests) or auto (from measured acceptance and pass cost; the default)")
     return p
 
 
@@ -91,6 +91,10 @@ def run(args, ready=None) -> int:
               "states of each request's last verified token, which the engine's packed pass does not hand out; "
               "use --speculative prompt-lookup (the heads run in labkit.speculative.generate, one stream)", file=sys.stderr)
         return 2
+    if args.spec_budget is not None and args.speculative is None:
+        print(f"labkit serve: --spec-budget {args.spec_budget} needs --speculative (without it the server does not "
+              "draft, so a budget would do nothing)", file=sys.stderr)
+        return 2
     if port_taken(args.host, args.port):
         print(f"labkit serve: port {args.port} on {args.host} is taken (another server?); choose a free one with "
               f"--port N", file=sys.stderr)
@@ -106,9 +110,10 @@ def run(args, ready=None) -> int:
                     token_budget=args.token_budget, block_size=args.block_size, num_blocks=args.kv_blocks,
                     prefix_cache=args.prefix_cache, drafter=drafter, spec_budget=args.spec_budget)
     url = server.start()
+    budget = args.spec_budget or "auto"
     print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
           f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}"
-          f"{f', speculation {args.speculative} ({args.spec_budget})' if drafter else ''}) at {url}", flush=True)
+          f"{f', speculation {args.speculative} ({budget})' if drafter else ''}) at {url}", flush=True)
     print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
           f"-d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'", flush=True)
     stop = ready if ready is not None else threading.Event()

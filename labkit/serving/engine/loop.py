@@ -57,7 +57,7 @@ class Engine:
 
     def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
                  block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0,
-                 prefix_cache: bool = True, drafter=None, spec_budget="auto", batch_invariant: bool = False,
+                 prefix_cache: bool = True, drafter=None, spec_budget=None, batch_invariant: bool = False,
                  pass_time=None, host_time: bool = False):
         checks.positive_int("block_size", block_size)
         checks.positive_int("max_batch", max_batch)
@@ -69,7 +69,10 @@ class Engine:
         self.scheduler = Scheduler(self.cache.tables, policy=policy, max_batch=max_batch, token_budget=token_budget,
                                    context=model.config.max_seq_len, max_wait_s=max_wait_s, prefix_cache=prefix_cache)
         checks.flag("batch_invariant", batch_invariant)
-        self.speculator = None if drafter is None else Speculator(drafter, spec_budget)
+        if drafter is None and spec_budget not in (None, "off"):
+            raise ValueError(f"spec_budget={spec_budget!r} needs a drafter (drafter=None: the engine does not speculate, "
+                             f"so a budget would do nothing); pass drafter=, or leave spec_budget out")
+        self.speculator = None if drafter is None else Speculator(drafter, "auto" if spec_budget is None else spec_budget)
         if pass_time is not None and not callable(pass_time):
             raise ValueError(f"pass_time must be None or a callable rows -> seconds, got {type(pass_time).__name__}")
         self.pass_time = pass_time
