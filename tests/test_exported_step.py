@@ -77,3 +77,16 @@ def test_load_with_compile_exports(monkeypatch):
     monkeypatch.setattr(Transformer, "export_step", lambda self, progress=True: called.append(progress) or self)
     model, _ = labkit.load("shakespeare", compile=True)
     assert called == [True] and model.compiled is None  # export_step was called (here replaced: nothing built)
+
+
+def test_the_digest_reads_every_weight_and_buffer():
+    from labkit.model.exported import weights_digest
+
+    m = torch.nn.Module()
+    m.register_buffer("scalar", torch.tensor(1.5))
+    m.register_buffer("table", torch.ones(3, dtype=torch.complex64))
+    before = weights_digest(m)
+    m.scalar.fill_(2.0)
+    assert weights_digest(m) != before
+    m.scalar.fill_(1.5)
+    assert weights_digest(m) == before

@@ -46,7 +46,7 @@ def weights_digest(model) -> str:
     h = hashlib.sha256()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()[:16]
 
 
