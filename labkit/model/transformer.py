@@ -39,6 +39,8 @@ from labkit.model.config import ModelConfig
 from labkit.model.kernels import Linear, RMSNorm, attend_rows, linear, rows_mm, transposed
 from labkit.model.rope import Rotary
 from labkit.model.settings import KernelSettings
+from labkit.model import window
+from labkit.model.window import attend_window
 from labkit.quant.rows import as_usual
 
 __all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer"]
@@ -82,7 +84,9 @@ class Attention(nn.Module):
             q, k = qk[:, :, :H], qk[:, :, H:]
         else:  # the cache rotates keys itself (by slot, at read time)
             q, k = rope.rotate_tokens(qkv[:, :, :H], positions), qkv[:, :, H:H + Hkv]
-        if cache is None:
+        if self.window and (T if cache is None else cache.pass_end) > self.window:  # a local layer, past its window
+            out = attend_window(cache, self.layer, q, k, v, rope, self.window)
+        elif cache is None:
             out = attention(q, k.transpose(1, 2), v.transpose(1, 2), causal=T > 1)  # [B·T, H·head_dim]
         else:
             out = attend_rows(cache, self.layer, q, k, v, rope) if self.invariant else cache.attend(self.layer, q, k, v, rope)
@@ -260,8 +264,8 @@ class Transformer(KernelSettings, nn.Module):
             if cache is not None and cache.pass_end > self.config.max_seq_len:
                 raise ValueError(f"sequence of {cache.pass_end} tokens is longer than the context window "
                                  f"of {self.config.max_seq_len} tokens")
-            if self.config.sliding_window:  # a model with sliding layers: refuse what they would not see
-                self._check_window(T if cache is None else cache.pass_end)
+            if self.config.sliding_window:  # a model with sliding layers: refuse what labkit cannot window
+                window.check(cache, self._invariant, self.config.sliding_window, T if cache is None else cache.pass_end)
             x = self.embed(ids.reshape(-1))  # [B·T, d_model]
             with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T and not cache.packed)):  # a prompt
                 for block in self.layers if n_layers is None else self.layers[:n_layers]:
@@ -271,13 +275,6 @@ class Transformer(KernelSettings, nn.Module):
                 h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
                 logits = self.head(h)  # [B·T', V]
             return logits.view(B, -1, logits.shape[-1])  # [B, T, V]
-
-    def _check_window(self, end: int) -> None:
-        window = self.config.sliding_window
-        if end > window:
-            raise ValueError(f"sequence of {end} tokens passes the sliding window of {window} tokens of this model's "
-                             f"local layers: attention beyond the window is not implemented yet; keep prompt and "
-                             f"reply within {window} tokens")
 
     def compile_step(self, progress: bool = True) -> "Transformer":
         """Passes of up to 16 tokens on a contiguous cache as one compiled program, in place, any format
