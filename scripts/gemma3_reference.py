@@ -36,6 +36,20 @@ PROMPTS = [
 N_GREEDY = 32
 
 
+def _greedy(llm, ids: list[int], n: int) -> tuple[list[int], list]:
+    """llama.cpp's n greedy tokens after `ids`, and the top 5 (id, logit) before each."""
+    llm.reset()
+    llm.eval(ids)
+    out_ids, tops = [], []
+    for _ in range(n):
+        logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        top = np.argsort(-logits)[:5]
+        tops.append([[int(i), float(logits[i])] for i in top])
+        out_ids.append(int(top[0]))
+        llm.eval([int(top[0])])
+    return out_ids, tops
+
+
 def main(out: str) -> int:
     import llama_cpp
 
@@ -50,15 +64,7 @@ def main(out: str) -> int:
     greedy = []
     for prompt in PROMPTS:
         ids = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
-        llm.reset()
-        llm.eval(ids)
-        out_ids, tops = [], []
-        for _ in range(N_GREEDY):
-            logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-            top = np.argsort(-logits)[:5]
-            tops.append([[int(i), float(logits[i])] for i in top])
-            out_ids.append(int(top[0]))
-            llm.eval([int(top[0])])
+        out_ids, tops = _greedy(llm, ids, N_GREEDY)
         greedy.append({"prompt": prompt, "prompt_ids": ids, "greedy": out_ids, "top5": tops})
     record = {
         "command": "python scripts/gemma3_reference.py tests/fixtures/gemma3_llama_cpp.json",
@@ -82,15 +88,7 @@ def main_long(out: str) -> int:
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=2, logits_all=True, verbose=False)
     prompt = data_path("shakespeare_val.txt").read_text()[LONG_CHARS[0]:LONG_CHARS[1]]
     ids = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
-    llm.reset()
-    llm.eval(ids)
-    out_ids, tops = [], []
-    for _ in range(LONG_GREEDY):
-        logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-        top = np.argsort(-logits)[:5]
-        tops.append([[int(i), float(logits[i])] for i in top])
-        out_ids.append(int(top[0]))
-        llm.eval([int(top[0])])
+    out_ids, tops = _greedy(llm, ids, LONG_GREEDY)
     record = {"command": "python scripts/gemma3_reference.py --long tests/fixtures/gemma3_llama_cpp_long.json",
               "llama_cpp_python": llama_cpp.__version__, "file": path.name, "shakespeare_chars": list(LONG_CHARS),
               "greedy": [{"prompt_ids": ids, "greedy": out_ids, "top5": tops}]}
