@@ -39,8 +39,7 @@ from labkit.model.config import ModelConfig
 from labkit.model.kernels import Linear, RMSNorm, attend_rows, linear, rows_mm, transposed
 from labkit.model.rope import Rotary
 from labkit.model.settings import KernelSettings
-from labkit.model import window
-from labkit.model.window import attend_window
+from labkit.model.window import attend_window, check as check_window
 from labkit.quant.rows import as_usual
 
 __all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer"]
@@ -265,7 +264,7 @@ class Transformer(KernelSettings, nn.Module):
                 raise ValueError(f"sequence of {cache.pass_end} tokens is longer than the context window "
                                  f"of {self.config.max_seq_len} tokens")
             if self.config.sliding_window:  # a model with sliding layers: refuse what labkit cannot window
-                window.check(cache, self._invariant, self.config.sliding_window, T if cache is None else cache.pass_end)
+                check_window(cache, self._invariant, self.config.sliding_window, T if cache is None else cache.pass_end)
             x = self.embed(ids.reshape(-1))  # [B·T, d_model]
             with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T and not cache.packed)):  # a prompt
                 for block in self.layers if n_layers is None else self.layers[:n_layers]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from labkit.kvcache.base import attention
+from labkit.kvcache.contiguous import ContiguousCache
 
 __all__ = ["window_mask", "attend_window", "check"]
 
@@ -32,7 +33,7 @@ def check(cache, invariant: bool, window: int, end: int) -> None:
     """ValueError when a pass reaching `end` tokens would need window attention where labkit has none."""
     if end <= window:
         return
-    if cache is not None and type(cache).__name__ != "ContiguousCache":
+    if cache is not None and not isinstance(cache, ContiguousCache):
         raise ValueError(f"sequence of {end} tokens passes the sliding window of {window} tokens of this model's local "
                          f"layers: attention beyond the window is implemented without a cache and on the contiguous "
                          f"cache, not on cache kind {cache.kind!r}")

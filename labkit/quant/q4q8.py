@@ -143,14 +143,14 @@ def reference_q8(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> torch
 class _BlockLayer(nn.Module):
     """What both kernel layers share: packed buffers, float32 rows in, the input's dtype out."""
 
-    def _setup(self, packed: dict, op) -> None:
-        build()
+    def _setup(self, packed: dict, op: str) -> None:
+        build()  # KernelUnavailable, with its reason, where the kernels cannot be built
         self.out_features = packed["out_features"]
         for name in ("codes", "dw", "mw"):
             if name in packed:
                 self.register_buffer(name, packed[name])
         self.invariant = False  # the model's batch-invariant switch sets it; every pass is row-invariant already
-        self._op, self._path = op, PATHS.index(path_for())
+        self._op, self._path = getattr(torch.ops.labkit, op).default, PATHS.index(path_for())
 
     def _packed(self) -> dict:
         parts = {"codes": self.codes, "dw": self.dw, "out_features": self.out_features}
@@ -178,7 +178,7 @@ class Q4Q8Linear(_BlockLayer):
     def __init__(self, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None):
         super().__init__()
         self.in_features = codes.shape[1]
-        self._setup(pack(codes, d, m), torch.ops.labkit.q4q8_mm.default if build() else None)
+        self._setup(pack(codes, d, m), "q4q8_mm")
 
     @classmethod
     def from_quantized(cls, qt) -> "Q4Q8Linear":
@@ -216,7 +216,7 @@ class Q8Q8Linear(_BlockLayer):
     def __init__(self, codes: torch.Tensor, d: torch.Tensor):
         super().__init__()
         self.in_features = codes.shape[1]
-        self._setup(pack_q8(codes, d), torch.ops.labkit.q8q8_mm.default if build() else None)
+        self._setup(pack_q8(codes, d), "q8q8_mm")
 
     @property
     def weight(self) -> torch.Tensor:
