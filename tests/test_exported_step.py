@@ -90,3 +90,76 @@ def test_the_digest_reads_every_weight_and_buffer():
     assert weights_digest(m) != before
     m.scalar.fill_(1.5)
     assert weights_digest(m) == before
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_pass_into_the_last_slot_runs_the_program(exported, k):
+    model, _ = exported
+    outs = []
+    for m in (_model(), model):
+        cache = m.new_cache(batch_size=1, max_len=len(PROMPT[0]) + 2 + k)
+        with torch.no_grad():
+            m(torch.tensor(PROMPT), cache)
+            m(torch.tensor([[5, 6]]), cache)
+            calls = m.compiled.stats()["compiled_calls"] if m.compiled else 0
+            outs.append(m(torch.arange(k).view(1, k), cache))  # its keys fill the whole buffer
+    assert model.compiled.stats()["compiled_calls"] == calls + 1
+    assert torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-4 * outs[0].abs().max().item())
+
+
+def _blocks_model() -> Transformer:
+    """A tiny model whose every product, the head included, is one of labkit's block kernels (Q4_1 and Q8_0)."""
+    from labkit.quant import native
+
+    if not native.available():
+        pytest.skip(f"kernels not built: {native.status()[1]}")
+    from labkit.quant.q4q8 import Q4Q8Linear, Q8Q8Linear
+    from labkit.quant.rtn import quantize
+
+    cfg = ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
+                      rope_layout="interleaved", max_seq_len=128, tie_embeddings=False)
+    torch.manual_seed(3)
+    model = Transformer(cfg).eval()
+    for b in model.layers:
+        for owner, name in ((b.attn, "wqkv"), (b.attn, "wo"), (b.mlp, "w_gate_up"), (b.mlp, "w_down")):
+            q = quantize(getattr(owner, name).weight.detach(), 4, 32, symmetric=False)
+            setattr(owner, name, Q4Q8Linear(q.codes, q.scale.half().float(), q.minimum.half().float()))
+    q = quantize(model.lm_head.weight.detach(), 8, 32, symmetric=True)
+    model.lm_head = Q8Q8Linear(q.codes.to(torch.int8), q.scale.half().float())
+    return model
+
+
+def test_on_block_kernels_one_program_gives_every_row_its_bits_alone():
+    """The 'rows' program: a pass of k tokens gives each row the bits k one-token steps give, through one program,
+    so the batch-invariant mode (speculation's verification) runs it too, and plain decoding equals verification."""
+    from labkit.model.kernels import batch_invariant
+
+    model = _blocks_model().export_step(progress=False)
+    assert model.compiled.rows
+    tokens, _ = _greedy(model, 6)
+    assert tokens == _greedy(_blocks_model(), 6)[0]
+    for k in (2, 5, 16):
+        with torch.no_grad():
+            many, one = model.new_cache(batch_size=1, max_len=64), model.new_cache(batch_size=1, max_len=64)
+            model(torch.tensor(PROMPT), many)
+            model(torch.tensor(PROMPT), one)
+            extra = torch.tensor([[(7 * i + 3) % 96 for i in range(k)]])
+            with batch_invariant(model):
+                passed = model.step(extra, many)
+            steps = torch.cat([model.step(extra[:, i:i + 1], one) for i in range(k)], 1)
+        assert torch.equal(passed, steps), k
+    stats = model.compiled.stats()
+    assert "batch-invariant mode" not in stats["eager_calls"] and stats["programs"] == 1
+
+
+def test_other_formats_keep_the_batch_invariant_mode_eager(exported):
+    from labkit.model.kernels import batch_invariant
+
+    model, _ = exported
+    assert not model.compiled.rows  # float products: torch.mm is not row-invariant by construction
+    before = model.compiled.stats()["eager_calls"].get("batch-invariant mode", 0)
+    with torch.no_grad(), batch_invariant(model):
+        cache = model.new_cache(batch_size=1, max_len=64)
+        model(torch.tensor(PROMPT), cache)
+        model(torch.tensor([[1, 2]]), cache)
+    assert model.compiled.stats()["eager_calls"]["batch-invariant mode"] == before + 2  # the prompt and the pass

@@ -121,8 +121,25 @@ def test_what_labkit_cannot_window_is_refused_not_ignored():
     model.batch_invariant = True
     with pytest.raises(ValueError, match="batch-invariant mode is not implemented beyond the window"):
         model(torch.zeros(1, 17, dtype=torch.long))
-    with pytest.raises(ValueError, match="compile_step is implemented for the Llama block only"):
+    with pytest.raises(ValueError, match="compile_step is not implemented for sliding layers"):
         model.compile_step(progress=False)
+
+
+def test_gemmas_block_without_windows_compiles_from_the_same_forward():
+    """Sandwich norms, QK-norm, GeGLU and the embedding scale are the model's own forward: the program traces them."""
+    from labkit.model import compiled
+
+    if compiled.compiler_problem():
+        pytest.skip(compiled.compiler_problem())
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2]])
+    outs = []
+    for model in (tiny_gemma(layer_windows=()), tiny_gemma(layer_windows=()).compile_step(progress=False)):
+        cache = model.new_cache(max_len=32)
+        with torch.no_grad():
+            model(ids, cache)
+            outs.append(torch.cat([model(torch.tensor([[t]]), cache) for t in (7, 2, 8)], 1))
+    assert model.compiled.stats()["compiled_calls"] == 3
+    assert torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-4 * outs[0].abs().max().item())
 
 
 def test_config_fields_are_checked_and_llama_stays_llama():

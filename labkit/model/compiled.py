@@ -1,36 +1,43 @@
-"""The decode step as one compiled program: TorchInductor's C++ kernels and its C++ wrapper.
+"""The decode step as one compiled program: the model's own forward, traced into TorchInductor's C++.
 
 An eager decode step of SmolLM2 is some three thousand operator calls, and on a CPU each has a
 fixed cost (dispatch, an output allocation, Python between calls). `model.compile_step()` hands
-the whole stack to TorchInductor once: it traces one step (embedding → 30 blocks → LM head) into
-one graph, fuses the elementwise work between the weight products into generated C++ loops
-(RMSNorm with the residual add, RoPE with the cache write, SiLU·up), calls the weight products
-as extern kernels (MKL/oneDNN for float, the packed int8/int4 kernels as they are), and runs it
-all from a C++ wrapper: no Python between kernels. The weights are not frozen into the program: they
-are inputs of the graph, read from the model's modules at each call, so an in-place change to a weight
-shows in the output. A program is tied to the modules it was traced on: `column_major_()` and quantizing
-in place (`labkit.quant.quantize_model(..., inplace=True)`) drop the programs, so the next pass compiles
-afresh; a copy of the model (`copy.deepcopy`, `quantize_model` without `inplace`) does not carry them (it runs
-eagerly until `compile_step()` is called on it); and every pass checks that the first block's products,
-the head and the embedding are the objects the programs were traced on (a replaced module or weight there
-drops them too). A module replaced by hand elsewhere is not seen: call `compile_step()` again after it.
+the model's own pass (`Transformer.run_pass`, the code the eager step runs) to TorchInductor once,
+with a `labkit.kvcache.bufferpass.BufferPass` for the cache: the per-layer buffers of the contiguous
+cache, the new tokens' positions and the span of keys so far, all tensors. Inductor fuses the
+elementwise work between the weight products into generated C++ loops (RMSNorm with the residual
+add, RoPE with the cache write, SiLU·up), calls the weight products as extern kernels (MKL/oneDNN
+for float, the int8/int4 and labkit's block kernels as they are), and runs it all from a C++ wrapper:
+no Python between kernels. There is no second copy of the model: what the eager step computes, the
+program computes; the few places where the eager step keeps something between calls (a transposed
+view, the RoPE tables at the last positions, RMSNorm's constants) compute it afresh when
+`torch.compiler.is_compiling()`, and the interleaved RoPE multiplies its pairs in real arithmetic there
+(the complex product's parts, equal bit for bit in eager; inductor writes no code for complex numbers).
 
-Shapes are kept static so the program never recompiles during a decode: the cache is the
-contiguous one (fixed capacity, one buffer per layer, written in place at `positions`), and
-the only sizes that move, the number of keys so far and the cache's capacity, are symbolic
-dimensions. Programs are kept per batch size and `last_only`: one for a one-token step (the GQA
-call the eager step makes) and one for passes of 2..`COMPILE_MAX_TOKENS` tokens (verification,
-small batches), each compiled on first use. Anything else runs the eager step, whose numbers agree
-to rounding, not bit for bit (see Exactness): longer passes (a prompt), other cache kinds, early exit, the batch-invariant mode,
-gradients, the first token of an empty cache and a pass that fills the cache's last slot (where
-the keys so far are the whole buffer, which another program would have to handle); `stats` counts why.
+The weights are not frozen into the program: they are inputs of the graph, read from the model's modules at
+each call, so an in-place change to a weight shows in the output. A program is tied to the modules it was traced
+on: `column_major_()` and quantizing in place (`labkit.quant.quantize_model(..., inplace=True)`) drop the
+programs, so the next pass compiles afresh; a copy of the model (`copy.deepcopy`, `quantize_model` without
+`inplace`) does not carry them (it runs eagerly until `compile_step()` is called on it); and every pass checks
+that the first block's products, the head and the embedding are the objects the programs were traced on (a
+replaced module or weight there drops them too). A module replaced by hand elsewhere is not seen: call
+`compile_step()` again after it.
 
-Exactness: the compiled program computes what the eager step computes, in float32 or the model's
-dtype, but fused loops sum RMSNorm's squares and the attention's products in their own order and
-RoPE is written in real arithmetic where the eager step multiplies complex numbers, so logits
-agree to rounding, not bit for bit (tests: greedy tokens equal, logits within 1e-4 relative in
-float32). Compiled programs are cached on disk under `.build/inductor`, so a second process
-starts warm.
+Shapes are kept static so the program never recompiles during a decode: the cache is the contiguous one
+(fixed capacity, one buffer per layer, written in place at `positions`), and the only sizes that move, the
+number of keys so far and the cache's capacity, are symbolic dimensions. Programs are kept per batch size
+and `last_only`: one for a one-token step (the GQA call the eager step makes) and one for passes of
+2..`COMPILE_MAX_TOKENS` tokens (verification, small batches), each compiled on first use. Anything else runs
+the eager step, whose numbers agree to rounding, not bit for bit (see Exactness): longer passes (a prompt),
+other cache kinds, early exit, the batch-invariant mode, gradients,, the first token of an empty cache and, for the
+compiled step (not the exported one), a pass that fills the cache's last slot; `stats` counts why. The exported step (`labkit.model.exported`) adds a
+third kind of program for models whose products are all row-invariant block kernels: one 'rows' program for
+every pass of 1..16 tokens, batch-invariant mode included.
+
+Exactness: the compiled program computes what the eager step computes, in float32 or the model's dtype, but
+fused loops sum RMSNorm's squares and the attention's products in their own order, so logits agree to
+rounding, not bit for bit (tests: greedy tokens equal, logits within 1e-4 relative in float32). Compiled
+programs are cached on disk under `.build/inductor`, so a second process starts warm.
 
     >>> model.compile_step()                                   # doctest: +SKIP
     >>> model.step(ids, cache)  # a one-token step on a contiguous cache: the compiled program
@@ -44,8 +51,8 @@ import types
 from collections import Counter
 
 import torch
-import torch.nn.functional as F
 
+from labkit.kvcache.bufferpass import BufferPass
 from labkit.measure.clock import now as clock_now
 
 __all__ = ["CompiledStep", "COMPILE_MAX_TOKENS", "compiler_problem", "inductor_cache_dir", "kernel_source", "program_summary"]
@@ -78,90 +85,51 @@ def compiler_problem() -> str | None:
     return None
 
 
-def _rms(x: torch.Tensor, norm) -> torch.Tensor:
-    if x.dtype != torch.float32:
-        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + norm.eps) * norm.weight
+def _pass(model, ids, positions, span, keys, values, last_only: bool, rows: bool):
+    """The model's own pass (`Transformer.run_pass`) over a contiguous cache's buffers (`BufferPass`): what is traced."""
+    return model.run_pass(ids, positions, BufferPass(keys, values, positions, span, rows), last_only)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    """RoPE in real arithmetic: x [B, T, heads, D]; cos, sin [T, 1, D/2] (interleaved) or [T, 1, D] (half)."""
-    if layout == "interleaved":
-        x0, x1 = x[..., 0::2].float(), x[..., 1::2].float()
-        return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2).to(x.dtype)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
-
-
-def _product(module, x: torch.Tensor) -> torch.Tensor:
-    """x @ Wᵀ: the float layer's one matmul (inductor picks the kernel), any quantized layer's own forward."""
-    if type(module).__name__ == "Linear":
-        return torch.mm(x, module.weight.t())
-    return module(x)
-
-
-def _program(model, cos, sin, ids, positions, span, keys, values, last_only: bool):
-    """One pass over ids [B, T] at `positions` [T] into per-layer caches [B, Hkv, C, D]; span = arange(keys so far)."""
-    cfg = model.config
-    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    B, T = ids.shape
-    n = span.shape[0]
-    x = model.tok_embeddings.weight[ids.reshape(-1)]  # [B·T, d]
-    c, s = cos[positions][:, None], sin[positions][:, None]
-    mask = None if T == 1 else span[None, :] <= positions[:, None]  # [T, n]
-    for i, block in enumerate(model.layers):
-        qkv = _product(block.attn.wqkv, _rms(x, block.attn_norm)).view(B, T, H + 2 * Hkv, D)
-        qk = _rotate(qkv[:, :, :H + Hkv], c, s, cfg.rope_layout)
-        keys[i][:, :, positions] = qk[:, :, H:].transpose(1, 2).to(keys[i].dtype)
-        values[i][:, :, positions] = qkv[:, :, H + Hkv:].transpose(1, 2).to(values[i].dtype)
-        kk, vv = keys[i][:, :, :n], values[i][:, :, :n]
-        if T == 1:  # the eager step's call: the g query heads of a group as g rows against their KV head
-            o = F.scaled_dot_product_attention(qk[:, :, :H].reshape(B, Hkv, H // Hkv, D), kk, vv).reshape(B, H * D)
-        else:
-            o = F.scaled_dot_product_attention(qk[:, :, :H].transpose(1, 2), kk, vv, attn_mask=mask,
-                                               enable_gqa=H != Hkv).transpose(1, 2).reshape(B * T, H * D)
-        x = x + _product(block.attn.wo, o)
-        gate_up = _product(block.mlp.w_gate_up, _rms(x, block.ffn_norm))
-        x = x + _product(block.mlp.w_down, F.silu(gate_up[:, :cfg.ffn_dim]) * gate_up[:, cfg.ffn_dim:])
-    if last_only and T > 1:
-        x = x.view(B, T, -1)[:, -1]
-    h = _rms(x, model.norm)
-    logits = torch.mm(h, model.tok_embeddings.weight.t()) if model.lm_head is None else _product(model.lm_head, h)
-    return logits.view(B, -1, logits.shape[-1])
+def row_invariant_products(model) -> bool:
+    """Whether every weight product of the model, the LM head included, is one of labkit's block kernels, which give a
+    row the same bits whatever the other rows of its pass (`labkit.quant.q4q8`)."""
+    names = ("Q4Q8Linear", "Q8Q8Linear")
+    products = [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w_gate_up, b.mlp.w_down)]
+    return model.lm_head is not None and all(type(m).__name__ in names for m in products + [model.lm_head])
 
 
 class CompiledStep:
-    """A model's compiled passes, keyed by (batch, one token or several, last_only, cache and ids dtypes).
+    """A model's compiled passes, keyed by (batch, program, last_only, cache and ids dtypes); the program is 't1'
+    (one token), 'tk' (2..16 tokens) or, for the exported step of a model on row-invariant kernels, 'rows' (1..16).
 
-    Each key gets its own copy of `_program`'s code, so Dynamo holds one entry per copy and its
+    Each key gets its own copy of `_pass`'s code, so Dynamo holds one entry per copy and its
     guards can be skipped at call time (the key, checked here in Python, is what they would check).
     """
+
+    last_slot = False  # whether a pass that fills the cache's last slot runs the program (the exported one does)
 
     def __init__(self, model, progress: bool = True):
         if model.config.compressed_attention:
             raise ValueError("compile_step is not implemented for compressed attention (csa_block > 0): "
                              "its layers attend through their own cache")
-        cfg = model.config
-        if cfg.norm_placement != "pre" or cfg.qk_norm or cfg.activation != "silu" or cfg.embed_scale != 1.0 \
-                or cfg.layer_windows:
-            raise ValueError("compile_step is implemented for the Llama block only; this config has Gemma-style "
-                             "parts (sandwich norms, QK-norm, GeGLU, an embedding scale or sliding layers)")
+        if model.config.layer_windows:
+            raise ValueError("compile_step is not implemented for sliding layers (layer_windows): a program would "
+                             "have to choose per pass whether a layer's window has slid")
         why = compiler_problem()
         if why:
             raise RuntimeError(f"compile_step needs a C++ compiler: {why}")
         inductor_cache_dir()
         self.model, self.progress = model, progress
         self._fns: dict = {}
-        dtype = torch.float32 if model.config.rope_layout == "interleaved" else model.dtype
-        tables = model.rope.tables(dtype)
-        cos, sin = (tables.real, tables.imag) if model.config.rope_layout == "interleaved" else tables
-        self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.graphs = 0  # programs compiled (Dynamo graphs handed to inductor) for this model
         self.compile_s: list[float] = []
         self.calls, self.eager = 0, Counter()  # compiled passes; eager passes by reason
         self.code: dict[str, str] = {}  # program name -> the generated source (C++ kernels and wrapper)
         self.resets = 0  # times the programs were dropped because the model changed under them
         self._anchor = _anchor(model)
+        for block in model.layers:  # the RoPE tables exist before anything is traced (a trace keeps nothing)
+            model.rope_of(block).tables(model.dtype)
+        self.rows = False  # one 'rows' program for passes of 1..16 tokens (`ExportedStep` on row-invariant kernels)
 
     def __deepcopy__(self, memo):
         """A copy of the model does not carry the programs (they were traced on the original's modules)."""
@@ -192,14 +160,14 @@ class CompiledStep:
             return "no cache" if cache is None else f"cache kind {cache.kind!r}"
         if n_layers is not None:
             return "early exit"
-        if self.model.batch_invariant:
+        if self.model.batch_invariant and not self.rows:
             return "batch-invariant mode"
         if ids.shape[1] > COMPILE_MAX_TOKENS:
             return f"pass over more than {COMPILE_MAX_TOKENS} tokens"
         if cache.seq_len + ids.shape[1] < 2:
             return "first token of an empty cache"
-        if cache.seq_len + ids.shape[1] >= cache.max_len:  # keys[:n] is then the whole buffer: another program
-            return "a pass into the cache's last slot"
+        if not self.last_slot and cache.seq_len + ids.shape[1] >= cache.max_len:  # keys so far = the whole buffer:
+            return "a pass into the cache's last slot"  # Dynamo's guards, traced with fewer keys than slots, refuse it
         if ids.device != self.model.device or cache.device != self.model.device:
             return "device"
         return None
@@ -207,7 +175,7 @@ class CompiledStep:
     def run(self, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
         """The compiled pass (call only when `eager_reason` is None): begins and ends the cache's pass."""
         B, T = ids.shape
-        key = (B, T == 1, bool(last_only), cache.dtype, ids.dtype)
+        key = (B, "rows" if self.rows else "t1" if T == 1 else "tk", bool(last_only), cache.dtype, ids.dtype)
         fn = self._fns.get(key)
         positions = cache.begin(T)
         try:
@@ -216,13 +184,13 @@ class CompiledStep:
                                  f"of {self.model.config.max_seq_len} tokens")
             span = torch.arange(cache.pass_end, device=cache.device)
             torch._dynamo.mark_dynamic(span, 0)
-            if T > 1:
+            if key[1] == "tk":
                 torch._dynamo.mark_dynamic(ids, 1)
                 torch._dynamo.mark_dynamic(positions, 0)
             keys, values = zip(*cache.layer_buffers())
             for buf in keys + values:  # the capacity: one symbol for all (equal sizes share one)
                 torch._dynamo.mark_dynamic(buf, 2)
-            args = (self.model, self.cos, self.sin, ids, positions, span, list(keys), list(values), bool(last_only))
+            args = (self.model, ids, positions, span, list(keys), list(values), bool(last_only), self.rows)
             if fn is None:
                 fn, out = self._compile(key, args)
                 self._fns[key] = fn
@@ -237,10 +205,10 @@ class CompiledStep:
         return out
 
     def _compile(self, key, args):
-        B, one = key[0], key[1]
-        name = f"labkit_step_b{B}_{'t1' if one else 'tk'}_{'last' if key[2] else 'all'}_{len(self._fns)}"
-        code = _program.__code__.replace(co_name=name)
-        fn = torch.compile(types.FunctionType(code, _program.__globals__, name), backend=self._backend,
+        B, one = key[0], key[1] == "t1"
+        name = f"labkit_step_b{B}_{key[1]}_{'last' if key[2] else 'all'}_{len(self._fns)}"
+        code = _pass.__code__.replace(co_name=name)
+        fn = torch.compile(types.FunctionType(code, _pass.__globals__, name), backend=self._backend,
                            fullgraph=True, dynamic=False)
         if self.progress:
             print(f"compiling the {'one-token step' if one else 'pass over 2..16 tokens'} (batch {B}) with "

@@ -109,6 +109,8 @@ class Linear(nn.Linear):
 
     def weight_t(self) -> torch.Tensor:
         """Wᵀ [in, out], a view of the weight (contiguous when the weight is column-major)."""
+        if torch.compiler.is_compiling():  # a traced pass keeps no view on the module
+            return self.weight.t()
         self._wt = transposed(self.weight, self._wt)
         return self._wt[1]
 
@@ -144,6 +146,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or not self.lean or torch.is_grad_enabled():
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        if torch.compiler.is_compiling():  # a traced pass: plain numbers, nothing kept on the module
+            return x * torch.rsqrt((x * x).sum(-1, keepdim=True).div(x.shape[-1]).add(self.eps)) * self.weight
         # the constants as tensors: a Python number costs four operator calls a use (wrapped, then copied)
         if self._constants is None or self._constants[0].device != x.device:
             self._constants = (torch.tensor(float(x.shape[-1]), device=x.device), torch.tensor(self.eps, device=x.device))

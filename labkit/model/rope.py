@@ -70,6 +70,7 @@ class Rotary:
         self._tables64 = (torch.polar(torch.ones_like(theta), theta) if layout == "interleaved"
                           else (torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)))
         self._tables: dict[torch.dtype, object] = {}
+        self._parts: dict[torch.dtype, tuple] = {}  # interleaved: the complex tables' (cos, sin), for compilers
         self._gathered = (None, None, None)  # (positions, (dtype, token_major), tables at those positions)
         self.tables(dtype)
 
@@ -78,6 +79,7 @@ class Rotary:
         if dtype not in self._tables:
             if self.layout == "interleaved":
                 self._tables[dtype] = self._tables64.to(torch.complex128 if dtype == torch.float64 else torch.complex64)
+                self._parts[dtype] = (self._tables[dtype].real.contiguous(), self._tables[dtype].imag.contiguous())
             else:
                 self._tables[dtype] = tuple(t.to(dtype) for t in self._tables64)
         return self._tables[dtype]
@@ -91,13 +93,23 @@ class Rotary:
         (positions tensors are never modified in place).
         """
         key = (dtype, token_major)
+        if torch.compiler.is_compiling():  # a traced pass: gather, keep nothing, and no complex numbers
+            return self._gather(positions, dtype, token_major, real=True)
         last_positions, last_key, gathered = self._gathered
         if positions is not last_positions or key != last_key:
-            tables = self.tables(dtype)
-            gathered = tables[positions] if self.layout == "interleaved" else tuple(t[positions] for t in tables)
-            if token_major:
-                gathered = gathered[:, None] if self.layout == "interleaved" else tuple(t[:, None] for t in gathered)
+            gathered = self._gather(positions, dtype, token_major)
             self._gathered = (positions, key, gathered)
+        return gathered
+
+    def _gather(self, positions: torch.Tensor, dtype: torch.dtype, token_major: bool, real: bool = False):
+        """The tables at `positions`; `real`: the interleaved layout's as (cos, sin) [T, head_dim/2], for a compiler
+        (inductor writes no code for complex numbers). They are the complex table's two parts, bit for bit."""
+        tables = self.tables(dtype)
+        if real and self.layout == "interleaved":
+            tables = self._parts[dtype]
+        gathered = tables[positions] if not isinstance(tables, tuple) else tuple(t[positions] for t in tables)
+        if token_major:
+            gathered = gathered[:, None] if not isinstance(gathered, tuple) else tuple(t[:, None] for t in gathered)
         return gathered
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -109,6 +121,9 @@ class Rotary:
         return self._rotate(x, self.at(positions, x.dtype, token_major=True))
 
     def _rotate(self, x: torch.Tensor, tables) -> torch.Tensor:
+        if self.layout == "interleaved" and isinstance(tables, tuple):  # (cos, sin): the pairs in real arithmetic
+            work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+            return apply_rope(work, *tables, "interleaved").to(x.dtype)
         if self.layout == "interleaved":
             work = x if x.dtype in (torch.float32, torch.float64) else x.float()
             pairs = work.unflatten(-1, (-1, 2))  # [..., head_dim/2, 2]

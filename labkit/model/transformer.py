@@ -33,63 +33,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.kvcache.base import attention, forward_pass, new_cache as _new_cache
+from labkit.kvcache.base import forward_pass, new_cache as _new_cache
+from labkit.model.attention import Attention
 from labkit.model.compressed import CompressedAttention
 from labkit.model.config import ModelConfig
-from labkit.model.kernels import Linear, RMSNorm, attend_rows, linear, rows_mm, transposed
+from labkit.model.kernels import Linear, RMSNorm, linear, rows_mm, transposed
 from labkit.model.rope import Rotary
 from labkit.model.settings import KernelSettings
-from labkit.model.window import attend_window, check as check_window
+from labkit.model.window import check as check_window
 from labkit.quant.rows import as_usual
 
 __all__ = ["RMSNorm", "Attention", "SwiGLU", "Block", "Transformer"]
-
-
-class Attention(nn.Module):
-    """Causal grouped-query attention: n_heads query heads share n_kv_heads key/value heads.
-
-    Query head h reads KV head h // (n_heads / n_kv_heads).
-    """
-
-    def __init__(self, config: ModelConfig, layer: int):
-        super().__init__()
-        self.layer = layer
-        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
-        q_out, kv_out = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-        self.split = (q_out, kv_out, kv_out)
-        self.wqkv = Linear(config.d_model, q_out + 2 * kv_out)  # rows: [Wq; Wk; Wv]
-        self.wo = Linear(q_out, config.d_model)
-        self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None  # per head (Gemma 3)
-        self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
-        self.window = config.layer_windows[layer] if config.layer_windows else 0  # 0: global attention
-        self.invariant = False  # each query attends alone (`kernels.attend_rows`; `Transformer.batch_invariant`)
-
-    def projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Views of Wq, Wk, Wv inside the fused matrix, each [out_features, d_model]."""
-        return self.wqkv.weight.split(self.split, dim=0)
-
-    def forward(self, x: torch.Tensor, rope: Rotary, positions: torch.Tensor, cache=None, batch: int = 1) -> torch.Tensor:
-        """x [N, d_model] holds `batch` rows of N / batch tokens each (or x [B, T, d_model]); returns x's shape."""
-        if x.dim() == 3:
-            return self.forward(x.reshape(-1, x.shape[-1]), rope, positions, cache, x.shape[0]).view(x.shape)
-        H, Hkv = self.n_heads, self.n_kv_heads
-        T = x.shape[0] // batch
-        qkv = self.wqkv(x).view(batch, T, H + 2 * Hkv, self.head_dim)  # [B, T, H + 2·Hkv, head_dim]: q, k, v heads
-        v = qkv[:, :, H + Hkv:]  # [B, T, Hkv, head_dim]
-        if self.q_norm is not None:  # each head normed over its head_dim before it rotates
-            qkv = torch.cat([self.q_norm(qkv[:, :, :H]), self.k_norm(qkv[:, :, H:H + Hkv]), v], dim=2)
-        if cache is None or cache.rotate_new_keys:
-            qk = rope.rotate_tokens(qkv[:, :, :H + Hkv], positions)  # q and k heads rotated in one call
-            q, k = qk[:, :, :H], qk[:, :, H:]
-        else:  # the cache rotates keys itself (by slot, at read time)
-            q, k = rope.rotate_tokens(qkv[:, :, :H], positions), qkv[:, :, H:H + Hkv]
-        if self.window and (T if cache is None else cache.pass_end) > self.window:  # a local layer, past its window
-            out = attend_window(cache, self.layer, q, k, v, rope, self.window)
-        elif cache is None:
-            out = attention(q, k.transpose(1, 2), v.transpose(1, 2), causal=T > 1)  # [B·T, H·head_dim]
-        else:
-            out = attend_rows(cache, self.layer, q, k, v, rope) if self.invariant else cache.attend(self.layer, q, k, v, rope)
-        return self.wo(out)
 
 
 class SwiGLU(nn.Module):
@@ -265,15 +219,26 @@ class Transformer(KernelSettings, nn.Module):
                                  f"of {self.config.max_seq_len} tokens")
             if self.config.sliding_window:  # a model with sliding layers: refuse what labkit cannot window
                 check_window(cache, self._invariant, self.config.sliding_window, T if cache is None else cache.pass_end)
-            x = self.embed(ids.reshape(-1))  # [B·T, d_model]
             with as_usual(self._invariant and T > 1 and (cache is None or cache.pass_end == T and not cache.packed)):  # a prompt
-                for block in self.layers if n_layers is None else self.layers[:n_layers]:
-                    x = block(x, self.rope_of(block), positions, cache, B)
-                if last_only and T > 1:  # a packed batch keeps each of its rows' last token
-                    x = x.index_select(0, cache.last_index) if cache is not None and cache.packed else x.view(B, T, -1)[:, -1]
-                h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
-                logits = self.head(h)  # [B·T', V]
-            return logits.view(B, -1, logits.shape[-1])  # [B, T, V]
+                return self.run_pass(ids, positions, cache, last_only, n_layers)
+
+    def run_pass(self, ids: torch.Tensor, positions: torch.Tensor, cache=None, last_only: bool = False,
+                 n_layers: int | None = None) -> torch.Tensor:
+        """The pass itself, inside the cache's pass (`step` opens it): embedding → blocks → norm → LM head.
+
+        Logits [B, T, V] (or [B, 1, V] with `last_only`) for ids [B, T] at `positions` [T]. This is also what a
+        compiled or exported program traces (`labkit.model.compiled`), with a `labkit.kvcache.bufferpass.BufferPass`
+        for the cache: one implementation of the model, eager and compiled.
+        """
+        B, T = ids.shape
+        x = self.embed(ids.reshape(-1))  # [B·T, d_model]
+        for block in self.layers if n_layers is None else self.layers[:n_layers]:
+            x = block(x, self.rope_of(block), positions, cache, B)
+        if last_only and T > 1:  # a packed batch keeps each of its rows' last token
+            x = x.index_select(0, cache.last_index) if cache is not None and cache.packed else x.view(B, T, -1)[:, -1]
+        h = self.norm(x)  # the LM head: the tied embedding, or its own (possibly quantized) module
+        logits = self.head(h)  # [B·T', V]
+        return logits.view(B, -1, logits.shape[-1])  # [B, T, V]
 
     def compile_step(self, progress: bool = True) -> "Transformer":
         """Passes of up to 16 tokens on a contiguous cache as one compiled program, in place, any format
@@ -310,5 +275,7 @@ class Transformer(KernelSettings, nn.Module):
             return self.lm_head(h)
         if torch.is_grad_enabled() or not self._invariant and (self.split_matvec or not self._lean):
             return linear(h, self.tok_embeddings.weight, self.split_matvec)
+        if torch.compiler.is_compiling():  # a traced pass keeps no view on the model
+            return torch.mm(h, self.tok_embeddings.weight.t())
         self._head_t = transposed(self.tok_embeddings.weight, self._head_t)
         return (rows_mm if self._invariant else torch.mm)(h, self._head_t[1])
