@@ -148,6 +148,10 @@ def test_on_block_kernels_one_program_gives_every_row_its_bits_alone():
                 passed = model.step(extra, many)
             steps = torch.cat([model.step(extra[:, i:i + 1], one) for i in range(k)], 1)
         assert torch.equal(passed, steps), k
+    with torch.no_grad():  # last_only: the same program, its last row kept
+        cache = model.new_cache(batch_size=1, max_len=64)
+        model(torch.tensor(PROMPT), cache)
+        assert torch.equal(model.step(extra, cache, last_only=True), passed[:, -1:])
     stats = model.compiled.stats()
     assert "batch-invariant mode" not in stats["eager_calls"] and stats["programs"] == 1
 

@@ -1,6 +1,6 @@
 """labkit's own block kernels on SmolLM2's GGUF file: products over k rows, the whole step, decode beside llama.cpp.
 
-Four parts, printed and returned (every timing through `labkit.measure`):
+Six parts, printed and returned (every timing through `labkit.measure`):
 
 - products: one step's weight products (the 120 Q4_1 matrices and the Q8_0 head) on M = 1, 4, 8, 16
   input rows, labkit's int4 × int8 kernel (`labkit.quant.q4q8`) against torch's int4 kernel with
@@ -14,6 +14,11 @@ Four parts, printed and returned (every timing through `labkit.measure`):
   AVX2 emulation (`labkit.measure.cpu.ISA_EMULATION`) against a llama.cpp built for AVX2 only, when
   `LABKIT_LLAMA_AVX2` names a folder holding such a `llama_cpp` (pip install --target FOLDER with
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON");
+- the exported step (`export_step`: one program for passes of 1..16 tokens on these kernels): its T(k)/T(1),
+  and its one-token step against the products alone (the rest of the program is the difference);
+- prompt lookup (γ = 8) against plain decoding on an input-grounded prompt, whole replies timed, eager and
+  exported, natively and under AVX2 emulation, each in its own process: the speed-up with its interval,
+  α, and whether the replies are identical;
 - the bandwidth limit: bytes one step reads (the blocks and the KV cache at that context) over the
   streaming-read bandwidth measured in the same run: the step's share of the physical limit.
 
@@ -75,6 +80,70 @@ def step_passes(model, ids: list[int], rounds: int = 5):
 
     with torch.inference_mode():
         return measure.run({f"k={k}": pass_of(k) for k in ROWS}, rounds=rounds, setup=setup, machine=False)
+
+
+def prompt_lookup(model, tok, n: int, rounds: int, gamma: int = 8) -> dict:
+    """Plain greedy decoding against prompt lookup (γ = `gamma`) on an input-grounded prompt (`SMOL_PROMPTS["edit
+    code"]`), whole replies timed (prefill, drafting and verification included), interleaved: the ratio with its
+    interval (`measure.compare`), α, and whether the replies are identical."""
+    from labkit import measure
+    from labkit.benchmarks.speculative import SMOL_PROMPTS
+    from labkit.generation.reply import generate as plain_generate
+    from labkit.speculative.decode import generate as spec_generate
+    from labkit.speculative.drafters import PromptLookup
+
+    prompt = SMOL_PROMPTS["edit code"][1]
+    outs = {}
+
+    def plain():
+        outs["plain"] = plain_generate(model, tok, prompt, max_new_tokens=n)
+
+    def spec():
+        outs["spec"] = spec_generate(model, PromptLookup(), tok, prompt, gamma=gamma, max_new_tokens=n)
+
+    name = f"prompt lookup γ={gamma}"
+    r = measure.run({"plain": plain, name: spec}, rounds=rounds, machine=False)
+    c = measure.compare(r["plain"], r[name])  # plain time / speculative time: the speed-up
+    same = outs["plain"].token_ids == outs["spec"].token_ids
+    return {"run": r.as_dict(), "speedup": c.as_dict(), "alpha": outs["spec"].alpha, "same_as_plain": same,
+            "tokens": len(outs["spec"].token_ids), "text": str(c)}
+
+
+def lookup_report(n: int, rounds: int) -> dict:
+    """`prompt_lookup` on labkit's kernels, eager and exported, in this process (the ISA it was started with)."""
+    import torch
+
+    import labkit
+    from labkit.measure.cpu import describe
+
+    model, tok = labkit.load("smollm2-135m", weights="gguf")
+    out = {"cpu": describe(), "isa": torch.backends.cpu.get_cpu_capability()}
+    with torch.inference_mode():
+        out["eager"] = prompt_lookup(model, tok, n, rounds)
+        model.export_step(progress=False)
+        out["exported"] = prompt_lookup(model, tok, n, rounds)
+    out["exported"]["eager_calls"] = dict(model.compiled.stats()["eager_calls"])
+    return out
+
+
+def _lookup(n: int, rounds: int, isa: str | None) -> dict:
+    """`lookup_report` in a fresh process (under `isa` emulation where given), printed."""
+    import json
+    import subprocess
+    import sys
+
+    from labkit.measure.cpu import ISA_EMULATION
+
+    env = {**os.environ, **(ISA_EMULATION[isa] if isa else {})}
+    code = f"import json; from labkit.benchmarks.kernel import lookup_report; print(json.dumps(lookup_report({n}, {rounds})))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        return {"skipped": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for step in ("eager", "exported"):
+        row = out[step]
+        print(f"    {step:8s} {row['text']}; α {row['alpha']:.2f}; reply identical to plain decoding: {row['same_as_plain']}")
+    return out
 
 
 def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
@@ -144,6 +213,25 @@ def run(quick: bool = False) -> dict:
     report["step"] = {"run": steps.as_dict(), "ratio": {k: steps[f"k={k}"].median / t1 for k in ROWS}}
     print("  the step (labkit's kernels), T(k)/T(1): "
           + "  ".join(f"k={k}: {steps[f'k={k}'].median * 1e3:.2f} ms ({steps[f'k={k}'].median / t1:.2f})" for k in ROWS))
+    from labkit.measure.clock import now
+
+    start = now()
+    model.export_step(progress=False)  # built here, or loaded: the packages are keyed by weights, code and ISA
+    with torch.inference_mode():
+        model.step(torch.tensor([ids]), model.new_cache(max_len=len(ids) + 32))  # the program is built or loaded now
+    ready = now() - start
+    steps_x = step_passes(model, ids, rounds)
+    t1x = steps_x["k=1"].median
+    products_1 = prods[1][KERNEL].median
+    report["step_exported"] = {"run": steps_x.as_dict(), "ratio": {k: steps_x[f"k={k}"].median / t1x for k in ROWS},
+                               "ready_s": ready, "stats": {k: v for k, v in model.compiled.stats().items()
+                                                            if k in ("programs", "compile_s", "load_s", "eager_calls")},
+                               "products_ms": products_1 * 1e3, "rest_ms": (t1x - products_1) * 1e3}
+    print(f"  the exported step (one program for 1..16 tokens, ready in {ready:.1f} s), T(k)/T(1): "
+          + "  ".join(f"k={k}: {steps_x[f'k={k}'].median * 1e3:.2f} ms ({steps_x[f'k={k}'].median / t1x:.2f})" for k in ROWS))
+    print(f"    of its one-token step, the products alone take {products_1 * 1e3:.2f} ms (timed above, the same "
+          f"kernels on one row): the rest of the program {(t1x - products_1) * 1e3:.2f} ms")
+    model.compiled = None
     n = 32 if quick else 64
     kv = model.config.kv_bytes_per_token(4) * (len(ids) + n // 2)
     step_bytes = model_nbytes(model) + kv
@@ -164,4 +252,8 @@ def run(quick: bool = False) -> dict:
                 print(f"    {name} reaches {share:.0%} of the bandwidth limit")
         elif "skipped" in d:
             print(f"    (skipped: {d['skipped']})")
+    report["prompt_lookup"] = {}
+    for isa in isas:
+        print(f"  prompt lookup on an input-grounded prompt, {n} tokens, whole replies ({isa or 'native'} ISA, own process):")
+        report["prompt_lookup"][isa or "native"] = _lookup(n, rounds, isa)
     return report

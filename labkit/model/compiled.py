@@ -175,7 +175,9 @@ class CompiledStep:
     def run(self, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
         """The compiled pass (call only when `eager_reason` is None): begins and ends the cache's pass."""
         B, T = ids.shape
-        key = (B, "rows" if self.rows else "t1" if T == 1 else "tk", bool(last_only), cache.dtype, ids.dtype)
+        # the rows program computes every row (a row's bits do not depend on the others) and keeps the last after
+        keep_last = bool(last_only) and not self.rows
+        key = (B, "rows" if self.rows else "t1" if T == 1 else "tk", keep_last, cache.dtype, ids.dtype)
         fn = self._fns.get(key)
         positions = cache.begin(T)
         try:
@@ -190,7 +192,7 @@ class CompiledStep:
             keys, values = zip(*cache.layer_buffers())
             for buf in keys + values:  # the capacity: one symbol for all (equal sizes share one)
                 torch._dynamo.mark_dynamic(buf, 2)
-            args = (self.model, ids, positions, span, list(keys), list(values), bool(last_only), self.rows)
+            args = (self.model, ids, positions, span, list(keys), list(values), keep_last, self.rows)
             if fn is None:
                 fn, out = self._compile(key, args)
                 self._fns[key] = fn
@@ -202,7 +204,7 @@ class CompiledStep:
             raise
         self.calls += 1
         cache.end()
-        return out
+        return out[:, -1:] if last_only and self.rows and T > 1 else out
 
     def _compile(self, key, args):
         B, one = key[0], key[1] == "t1"
