@@ -167,3 +167,13 @@ def test_other_formats_keep_the_batch_invariant_mode_eager(exported):
         model(torch.tensor(PROMPT), cache)
         model(torch.tensor([[1, 2]]), cache)
     assert model.compiled.stats()["eager_calls"]["batch-invariant mode"] == before + 2  # the prompt and the pass
+
+
+def test_the_package_folder_follows_the_environment(monkeypatch, tmp_path):
+    from labkit.model.exported import code_digest, package_dir
+
+    monkeypatch.setenv("LABKIT_EXPORT_DIR", str(tmp_path))
+    assert package_dir() == tmp_path
+    monkeypatch.delenv("LABKIT_EXPORT_DIR")
+    assert package_dir().parts[-2:] == (".build", "exported")
+    assert len(code_digest()) == 16

@@ -8,14 +8,16 @@ Six parts, printed and returned (every timing through `labkit.measure`):
 - the step: T(k)/T(1) of a k-token pass of the model on labkit's kernels (a prompt in the cache, the
   pass timed alone, a fresh cache each round), k = 1, 4, 8, 16;
 - decode: tokens/s of labkit's kernels (eager, and the step exported with AOTInductor: `export_step`, its
-  packages built before the timing, their build and load seconds reported), of torch's int4 kernel
+  packages built before the timing; what building costs cold and loading costs, each in a fresh process
+  with an empty package folder, `export_times`), of torch's int4 kernel
   (bfloat16) and of llama.cpp on the same file, each in its own process, rounds alternating (`labkit.benchmarks.workers`), ratios with their
   intervals (`measure.compare`). On a CPU with AVX-512 the same again with the labkit workers under
   AVX2 emulation (`labkit.measure.cpu.ISA_EMULATION`) against a llama.cpp built for AVX2 only, when
   `LABKIT_LLAMA_AVX2` names a folder holding such a `llama_cpp` (pip install --target FOLDER with
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON");
 - the exported step (`export_step`: one program for passes of 1..16 tokens on these kernels): its T(k)/T(1),
-  and its one-token step against the products alone (the rest of the program is the difference);
+  and a profiled decode step split into the products (labkit's operators, which the program calls), the other
+  operators it calls, and the rest (its generated loops and wrapper, the decode loop);
 - prompt lookup (γ = 8) against plain decoding on an input-grounded prompt, whole replies timed, eager and
   exported, natively and under AVX2 emulation, each in its own process: the speed-up with its interval,
   α, and whether the replies are identical;
@@ -103,10 +105,10 @@ def prompt_lookup(model, tok, n: int, rounds: int, gamma: int = 8) -> dict:
 
     name = f"prompt lookup γ={gamma}"
     r = measure.run({"plain": plain, name: spec}, rounds=rounds, machine=False)
-    c = measure.compare(r["plain"], r[name])  # plain time / speculative time: the speed-up
+    c = measure.compare(r[name], r["plain"])  # speculative time / plain time; `speedup` is its inverse
     same = outs["plain"].token_ids == outs["spec"].token_ids
-    return {"run": r.as_dict(), "speedup": c.as_dict(), "alpha": outs["spec"].alpha, "same_as_plain": same,
-            "tokens": len(outs["spec"].token_ids), "text": str(c)}
+    return {"run": r.as_dict(), "vs_plain": c.as_dict(), "speedup": c.speedup, "alpha": outs["spec"].alpha,
+            "same_as_plain": same, "tokens": len(outs["spec"].token_ids), "text": str(c)}
 
 
 def lookup_report(n: int, rounds: int) -> dict:
@@ -143,6 +145,45 @@ def _lookup(n: int, rounds: int, isa: str | None) -> dict:
     for step in ("eager", "exported"):
         row = out[step]
         print(f"    {step:8s} {row['text']}; α {row['alpha']:.2f}; reply identical to plain decoding: {row['same_as_plain']}")
+    return out
+
+
+EXPORT_TIMES = """import json, torch, labkit
+from labkit.measure.clock import now
+start = now()
+model, tok = labkit.load("smollm2-135m", weights="gguf")
+loaded = now()
+model.export_step(progress=False)
+with torch.inference_mode():
+    model.step(torch.tensor([tok.encode("Why is the sky blue?")]), model.new_cache(max_len=16))
+done = now()
+s = model.compiled.stats()
+print(json.dumps({"model_s": loaded - start, "ready_s": done - loaded, "build_s": sum(s["compile_s"]),
+                  "load_s": sum(s["load_s"]), "programs": s["programs"]}))"""
+
+
+def export_times(isa: str | None) -> dict:
+    """The exported step's cost in fresh processes, into an empty package folder: the first builds it (cold), the
+    second loads what the first built. Seconds: building, loading, and each process's time from model to ready."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from labkit.measure.cpu import ISA_EMULATION
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="labkit-export-") as folder:
+        env = {**os.environ, **(ISA_EMULATION[isa] if isa else {}), "LABKIT_EXPORT_DIR": folder,
+               "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}  # cold: no compiled code to reuse
+        for phase in ("cold", "from disk"):
+            done = subprocess.run([sys.executable, "-c", EXPORT_TIMES], env=env, capture_output=True, text=True,
+                                  timeout=1800)
+            if done.returncode:
+                return {"skipped": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+            out[phase] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"    exported step, fresh processes: built cold in {out['cold']['build_s']:.1f} s "
+          f"({out['cold']['programs']} program), loaded from disk in {out['from disk']['load_s']:.2f} s")
     return out
 
 
@@ -222,15 +263,18 @@ def run(quick: bool = False) -> dict:
     ready = now() - start
     steps_x = step_passes(model, ids, rounds)
     t1x = steps_x["k=1"].median
-    products_1 = prods[1][KERNEL].median
+    from labkit.generation.profile import step_profile
+
+    split = step_profile(model, ids, steps=32)  # the products are labkit's operators, called from the program
     report["step_exported"] = {"run": steps_x.as_dict(), "ratio": {k: steps_x[f"k={k}"].median / t1x for k in ROWS},
-                               "ready_s": ready, "stats": {k: v for k, v in model.compiled.stats().items()
-                                                            if k in ("programs", "compile_s", "load_s", "eager_calls")},
-                               "products_ms": products_1 * 1e3, "rest_ms": (t1x - products_1) * 1e3}
+                               "ready_s": ready, "profile": split,
+                               "stats": {k: v for k, v in model.compiled.stats().items()
+                                         if k in ("programs", "compile_s", "load_s", "eager_calls")}}
     print(f"  the exported step (one program for 1..16 tokens, ready in {ready:.1f} s), T(k)/T(1): "
           + "  ".join(f"k={k}: {steps_x[f'k={k}'].median * 1e3:.2f} ms ({steps_x[f'k={k}'].median / t1x:.2f})" for k in ROWS))
-    print(f"    of its one-token step, the products alone take {products_1 * 1e3:.2f} ms (timed above, the same "
-          f"kernels on one row): the rest of the program {(t1x - products_1) * 1e3:.2f} ms")
+    print(f"    profiled decode step {split['profiled_step_ms']:.2f} ms (unprofiled {split['step_ms']:.2f}) = products "
+          f"{split['matmul_ms']:.2f} + other operators {split['other_ms']:.2f} + the rest {split['outside_ms']:.2f} "
+          f"(the program's own loops, its wrapper, the decode loop's Python)")
     model.compiled = None
     n = 32 if quick else 64
     kv = model.config.kv_bytes_per_token(4) * (len(ids) + n // 2)
@@ -245,6 +289,7 @@ def run(quick: bool = False) -> dict:
     for isa in isas:
         print(f"  decode, {n} tokens, each side in its own process ({isa or 'native'} ISA):")
         report["decode"][isa or "native"] = d = _decode(ids, n, rounds, isa)
+        d["export_times"] = export_times(isa)
         if "tok_s" in d and isa is None:
             for name in (KERNEL, EXPORTED):
                 share = d["tok_s"][name] / report["bandwidth"]["limit_tok_s"]

@@ -45,8 +45,11 @@ __all__ = ["ExportedStep", "weights_digest", "package_dir"]
 
 
 def package_dir():
-    """Where exported programs are kept: `.build/exported/`."""
-    return BUILD_DIR / "exported"
+    """Where exported programs are kept: `$LABKIT_EXPORT_DIR` when set (a bench times a cold build there), else
+    `.build/exported/`."""
+    from pathlib import Path
+
+    return Path(os.environ["LABKIT_EXPORT_DIR"]) if os.environ.get("LABKIT_EXPORT_DIR") else BUILD_DIR / "exported"
 
 
 _CODE = ("model", "kvcache/base.py", "kvcache/bufferpass.py", "quant/q4q8.py", "quant/native.py", "quant/csrc")
