@@ -187,6 +187,22 @@ def test_a_changed_model_drops_its_programs():
     assert model.compiled.stats()["programs"] == 1
 
 
+def test_an_in_place_weight_edit_shows_in_the_next_compiled_step(f32):
+    """The weights are inputs of the program, read at each call (`freezing` folds only the graph's constants)."""
+    model, _ = f32
+    w = model.layers[0].mlp.w_down.weight
+    outs = []
+    for factor in (1.0, 0.5, 2.0):  # as it is, halved, restored (exactly: powers of two)
+        with torch.no_grad():
+            w.mul_(factor)
+            cache = model.new_cache(batch_size=1, max_len=64)
+            model(torch.tensor(PROMPT), cache)
+            calls = model.compiled.stats()["compiled_calls"]
+            outs.append(model(torch.tensor([[5]]), cache))
+            assert model.compiled.stats()["compiled_calls"] == calls + 1
+    assert not torch.allclose(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_refusals():
     csa = ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, ffn_dim=64, csa_block=4, csa_topk=3,
                       csa_window=8, csa_index_heads=2, csa_index_dim=8)

@@ -177,3 +177,16 @@ def test_the_package_folder_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("LABKIT_EXPORT_DIR")
     assert package_dir().parts[-2:] == (".build", "exported")
     assert len(code_digest()) == 16
+
+
+def test_the_digest_is_taken_when_the_program_is_built():
+    """A weight edited between `export_step()` and the first pass: the package is keyed by the weights it holds."""
+    model = _model(seed=4).export_step(progress=False)
+    before = model.compiled.digest
+    with torch.no_grad():
+        model.layers[0].mlp.w_down.weight.mul_(0.5)
+    _greedy(model, 3)
+    assert model.compiled.digest != before
+    from labkit.model.exported import weights_digest
+
+    assert model.compiled.digest == weights_digest(model)

@@ -292,7 +292,7 @@ def causal_mask(n_new: int, n_keys: int, device=None) -> torch.Tensor | None:
 
 # ---- the registry of kinds -----------------------------------------------------------
 
-_KIND_MODULES = ("contiguous", "sliding", "paged", "quantized", "h2o", "snapkv", "compressed")  # modules whose classes register a kind
+_KIND_MODULES = ("contiguous", "sliding", "paged", "quantized", "h2o", "snapkv", "compressed", "windowed")  # modules whose classes register a kind
 
 
 def kinds() -> list[str]:

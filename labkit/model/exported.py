@@ -18,8 +18,9 @@ batch-invariant mode eagerly.
 One package per program, per model weights, traced code, instruction set and torch version, under
 `.build/exported/`: a second process loads it in about a second instead of compiling. The key holds a
 digest of every weight and of the sources the program is traced from, so a package is only ever loaded for
-the weights and the code it was built from. A package holds a *copy* of the weights: a weight changed in place
-after the program was built is not seen (call `export_step()` again); replacing or re-laying out modules drops
+the weights and the code it was built from (the digest is taken when a program is built or loaded, at the
+first pass that needs it). A package holds a *copy* of the weights: a weight changed in place after that pass
+is not seen (call `export_step()` again); replacing or re-laying out modules drops
 the programs, as for `compile_step` (the same checks), and a copy of the model does not carry them.
 
 The sizes that move are symbolic in the exported program: the keys so far (`span`), the cache's capacity
@@ -52,7 +53,7 @@ def package_dir():
     return Path(os.environ["LABKIT_EXPORT_DIR"]) if os.environ.get("LABKIT_EXPORT_DIR") else BUILD_DIR / "exported"
 
 
-_CODE = ("model", "kvcache/base.py", "kvcache/bufferpass.py", "quant/q4q8.py", "quant/native.py", "quant/csrc")
+_CODE = ("model", "kvcache", "quant")  # every package a traced pass runs code from
 _code_digest: list = []
 
 
@@ -120,6 +121,7 @@ class ExportedStep(CompiledStep):
         return str(package_dir() / name)
 
     def _compile(self, key, args):
+        self.digest = weights_digest(self.model)  # the weights as they are now, when the program is built or loaded
         path = self.package_path(key)
         built = not os.path.exists(path)
         if built:

@@ -8,8 +8,9 @@ this module slices the keys no query of the pass can see and masks the band:
     tensor([[1, 1, 1, 0],
             [0, 1, 1, 1]], dtype=torch.int32)
 
-It runs without a cache and on the contiguous cache, which keeps every token (its memory is not capped by
-the window: every layer's cache holds the whole sequence). Other cache kinds and the batch-invariant mode are
+It runs without a cache, on the contiguous cache, which keeps every token in every layer, and on the windowed
+cache (`labkit.kvcache.windowed`), whose local layers keep only what their window can still see: their
+memory is capped by the window. Other cache kinds and the batch-invariant mode are
 refused beyond the window (`check`), never silently given global attention.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from labkit.kvcache.base import attention
 from labkit.kvcache.contiguous import ContiguousCache
+from labkit.kvcache.windowed import WindowedCache
 
 __all__ = ["window_mask", "attend_window", "check"]
 
@@ -33,17 +35,18 @@ def check(cache, invariant: bool, window: int, end: int) -> None:
     """ValueError when a pass reaching `end` tokens would need window attention where labkit has none."""
     if end <= window:
         return
-    if cache is not None and not isinstance(cache, ContiguousCache):
+    if cache is not None and not isinstance(cache, (ContiguousCache, WindowedCache)):
         raise ValueError(f"sequence of {end} tokens passes the sliding window of {window} tokens of this model's local "
                          f"layers: attention beyond the window is implemented without a cache and on the contiguous "
-                         f"cache, not on cache kind {cache.kind!r}")
+                         f"and windowed caches, not on cache kind {cache.kind!r}")
     if invariant:
         raise ValueError(f"sequence of {end} tokens passes the sliding window of {window} tokens: the batch-invariant "
                          f"mode is not implemented beyond the window")
 
 
 def attend_window(cache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope, window: int) -> torch.Tensor:
-    """A local layer's attention: q [B, T, H, D], k, v [B, T, Hkv, D] -> [B·T, H·D]; `cache` None or contiguous."""
+    """A local layer's attention: q [B, T, H, D], k, v [B, T, Hkv, D] -> [B·T, H·D]; `cache` None, contiguous or
+    windowed (the keys it returns may start after position 0: only their order and their last ones matter here)."""
     if cache is None:
         keys, values = k.transpose(1, 2), v.transpose(1, 2)
     else:
