@@ -61,3 +61,14 @@ def test_refusals_and_a_saved_state_loads_back(tmp_path):
     again = load_state(tmp_path / "state.safetensors", model)
     assert again.cache.kind == "windowed" and again.cache.start == state.cache.start
     assert decode(model, again, 5) == decode(model, state, 5)
+
+
+def test_the_size_formula_is_what_the_cache_allocates():
+    from labkit.kvcache.sizing import full_bytes, held_bytes
+
+    model = tiny_gemma()
+    for opts in ({"max_len": 64}, {"max_len": 64, "chunk": 4}, {"max_len": 10}):
+        cache = model.new_cache("windowed", **opts)
+        assert held_bytes(model.config, "windowed", opts, 64) == cache.bytes_allocated()
+    all_global = tiny_gemma(layer_windows=())
+    assert held_bytes(all_global.config, "windowed", {"max_len": 64}, 64) == full_bytes(all_global.config, 64)

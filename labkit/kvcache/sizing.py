@@ -18,6 +18,7 @@ and, counting exactly what each kind's `bytes_allocated()` counts, per layer and
 | `h2o` | (kv + int32 position + float32 score) · min(L, budget) | `budget` |
 | `snapkv` | (kv + int32 position) · (min(L − a, prompt_budget) + a) | `prompt_budget`, with `a` tokens appended after the prompt |
 | `quantized` | kv(bits, group) · max_len + kv · residual | nothing: its share is what `bits` gives |
+| `windowed` | kv / layers · Σ capacity of each layer (`windowed.layer_capacities`) | nothing: its windows are the model's |
 
 (kv: `kv_bytes_per_token` at the cache's float dtype; kv(bits, group): the same for codes plus a
 float16 scale and minimum per group, KIVI.) The quantized cache's share cannot be set to f: at
@@ -42,7 +43,7 @@ from labkit.kvcache.memory import kv_bytes_per_token
 
 __all__ = ["SIZED_KINDS", "held_bytes", "full_bytes", "equal_bytes_options"]
 
-SIZED_KINDS = ("contiguous", "sliding", "h2o", "snapkv", "quantized")
+SIZED_KINDS = ("contiguous", "sliding", "h2o", "snapkv", "quantized", "windowed")
 BOUND_OPTION = {"sliding": "window", "h2o": "budget", "snapkv": "prompt_budget"}  # the option that sizes each kind
 INDEX_BYTES = 4  # one int32 position per kept token, layer and KV head (the eviction kinds)
 SCORE_BYTES = 4  # one float32 accumulated score per kept token, layer and KV head (H2O)
@@ -89,6 +90,11 @@ def held_bytes(config, kind: str, options: dict, length: int, dtype: torch.dtype
         return per * min(length, options["budget"])
     if kind == "snapkv":
         return per * (min(length - appended, options["prompt_budget"]) + appended)
+    if kind == "windowed":
+        from labkit.kvcache.windowed import layer_capacities
+
+        caps = layer_capacities(config, options.get("max_len", length), options.get("chunk"))
+        return per / config.n_layers * sum(caps)
     bits, group, residual = options.get("bits", 8), options.get("group_size", 32), options.get("residual", 128)
     max_len = options.get("max_len", length)
     codes = kv_bytes_per_token(config, bits=bits, group_size=group) * max_len

@@ -27,7 +27,17 @@ import torch
 from labkit import checks
 from labkit.kvcache.base import KVCache, causal_mask
 
-__all__ = ["WindowedCache"]
+__all__ = ["WindowedCache", "layer_capacities"]
+
+
+def layer_capacities(config, max_len: int, chunk: int | None = None) -> list[int]:
+    """Slots per layer of a windowed cache: `max_len` on a global layer (window 0), min(max_len, window − 1 +
+    chunk) on a local one; `chunk` (the most tokens a pass adds) defaults to the smallest window."""
+    windows = list(config.layer_windows) or [0] * config.n_layers
+    local = [w for w in windows if w]
+    chunk = (min(local) if local else max_len) if chunk is None else chunk
+    checks.positive_int("chunk", chunk, why="the most tokens one pass adds")
+    return [max_len if not w else min(max_len, w - 1 + chunk) for w in windows]
 
 
 class WindowedCache(KVCache):
@@ -38,10 +48,9 @@ class WindowedCache(KVCache):
     def __init__(self, config, *, chunk: int | None = None, **opts):
         super().__init__(config, **opts)
         self.windows = list(config.layer_windows) or [0] * config.n_layers
+        self._capacities = layer_capacities(config, self.max_len, chunk)
         local = [w for w in self.windows if w]
-        chunk = (min(local) if local else self.max_len) if chunk is None else chunk
-        checks.positive_int("chunk", chunk)
-        self.chunk = chunk
+        self.chunk = (min(local) if local else self.max_len) if chunk is None else chunk
         shape = (self.batch_size, config.n_kv_heads)
         self.keys = [torch.zeros(*shape, c, config.head_dim, dtype=self.dtype, device=self.device)
                      for c in self.capacities()]
@@ -52,7 +61,7 @@ class WindowedCache(KVCache):
 
     def capacities(self) -> list[int]:
         """Slots per layer: `max_len` on a global layer, min(max_len, window − 1 + chunk) on a local one."""
-        return [self.max_len if not w else min(self.max_len, w - 1 + self.chunk) for w in self.windows]
+        return list(self._capacities)
 
     @property
     def seq_len(self) -> int:
