@@ -190,3 +190,18 @@ def test_the_digest_is_taken_when_the_program_is_built():
     from labkit.model.exported import weights_digest
 
     assert model.compiled.digest == weights_digest(model)
+
+
+def test_a_build_deletes_the_packages_of_other_code(monkeypatch, tmp_path):
+    from labkit.model.exported import code_digest
+
+    monkeypatch.setenv("LABKIT_EXPORT_DIR", str(tmp_path))
+    stale = tmp_path / "step-0123456789abcdef-fedcba9876543210-b1-t1-all-float32-x-aten-torch.pt2"
+    other = tmp_path / "notes.txt"
+    stale.write_bytes(b"old")
+    other.write_text("kept")
+    model = _model(seed=5).export_step(progress=False)
+    _greedy(model, 2)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert stale.name not in names and "notes.txt" in names
+    assert any(n.split("-")[2] == code_digest() for n in names if n.endswith(".pt2"))

@@ -16,12 +16,13 @@ replies. Any other model gets a one-token program and a program for 2..16 tokens
 batch-invariant mode eagerly.
 
 One package per program, per model weights, traced code, instruction set and torch version, under
-`.build/exported/`: a second process loads it in about a second instead of compiling. The key holds a
-digest of every weight and of the sources the program is traced from, so a package is only ever loaded for
-the weights and the code it was built from (the digest is taken when a program is built or loaded, at the
-first pass that needs it). A package holds a *copy* of the weights: a weight changed in place after that pass
-is not seen (call `export_step()` again); replacing or re-laying out modules drops
-the programs, as for `compile_step` (the same checks), and a copy of the model does not carry them.
+`.build/exported/`: a second process loads it in about a second instead of compiling. The key holds a digest
+of every weight and of the sources the program is traced from, so a package is only ever loaded for the
+weights and the code it was built from (the digest is taken when a program is built or loaded, at the first
+pass that needs it); building one deletes the packages of other code (`prune_stale`), which this code never
+loads. A package holds a *copy* of the weights: a weight changed in place after that pass is not seen (call
+`export_step()` again); replacing or re-laying out modules drops the programs, as for `compile_step` (the same
+checks), and a copy of the model does not carry them.
 
 The sizes that move are symbolic in the exported program: the keys so far (`span`), the cache's capacity
 and, for the multi-token programs, the pass's length. What runs eagerly, and why, is
@@ -42,7 +43,7 @@ from labkit.data.paths import BUILD_DIR
 from labkit.measure.clock import now as clock_now
 from labkit.model.compiled import COMPILE_MAX_TOKENS, CompiledStep, _pass, row_invariant_products
 
-__all__ = ["ExportedStep", "weights_digest", "package_dir"]
+__all__ = ["ExportedStep", "weights_digest", "package_dir", "code_digest", "prune_stale"]
 
 
 def package_dir():
@@ -73,6 +74,18 @@ def code_digest() -> str:
                         h.update(fh.read())
         _code_digest.append(h.hexdigest()[:16])
     return _code_digest[0]
+
+
+def prune_stale() -> list[str]:
+    """Delete the packages built by other code (another code digest): this code never loads them, and each holds a
+    copy of its model's weights. Returns the names removed."""
+    removed = []
+    for f in package_dir().glob("step-*.pt2"):
+        parts = f.name.split("-")
+        if len(parts) > 2 and parts[2] != code_digest():
+            f.unlink(missing_ok=True)
+            removed.append(f.name)
+    return removed
 
 
 def weights_digest(model) -> str:
@@ -166,6 +179,7 @@ class ExportedStep(CompiledStep):
         torch._inductor.aoti_compile_and_package(program, package_path=tmp)
         os.replace(tmp, path)  # atomic: another process never loads a half-written package
         self.graphs += 1
+        prune_stale()
 
     def stats(self) -> dict:
         return {**super().stats(), "load_s": list(self.load_s), "digest": self.digest}
