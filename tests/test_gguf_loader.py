@@ -159,3 +159,33 @@ def test_registry_errors():
         labkit.load("gpt-2")
     with pytest.raises(ValueError, match="dtype must be one of"):
         labkit.load("smollm2-135m", dtype="int8")
+
+
+def test_the_bulk_reader_gives_every_field_and_tensor_the_package_gives(tmp_path):
+    """labkit reads arrays in one go (`gguf._reader_class`); every field's contents and types, and every tensor,
+    equal `gguf.GGUFReader`'s: arrays of strings (empty, multi-byte UTF-8), of ints and floats, an empty array,
+    scalars, and the real SmolLM2 file."""
+    from labkit.model.gguf import _reader_class
+
+    path = tmp_path / "fields.gguf"
+    write_tiny_gguf(path)
+    w = gguf.GGUFWriter(str(tmp_path / "arrays.gguf"), "llama")
+    w.add_array("test.strings", ["", "a", "héllo", "日本", "▁the"] * 3)
+    w.add_array("test.ints", [1, -2, 3])
+    w.add_array("test.floats", [0.5, -1.25])
+    w.add_array("test.empty", [])
+    w.add_string("test.one", "x")
+    w.add_uint32("test.n", 7)
+    w.add_tensor("t", np.arange(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for p in (path, tmp_path / "arrays.gguf", paths.smollm2_gguf_path()):
+        fast, slow = _reader_class(gguf)(p), gguf.GGUFReader(p)
+        assert list(fast.fields) == list(slow.fields)
+        for key, field in slow.fields.items():
+            assert fast.fields[key].contents() == field.contents(), key
+            assert fast.fields[key].types == field.types, key
+        assert [(t.name, t.tensor_type, list(t.shape), t.n_bytes, t.data_offset) for t in fast.tensors] == \
+            [(t.name, t.tensor_type, list(t.shape), t.n_bytes, t.data_offset) for t in slow.tensors]

@@ -76,10 +76,48 @@ def _read(gguf, path: Path):
     if magic != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, a GGUF file starts with b'GGUF'")
     try:
-        return gguf.GGUFReader(path)
+        return _reader_class(gguf)(path)
     except Exception as exc:  # numpy reshape / view errors when the file ends early
         raise ValueError(f"{path} could not be read as GGUF ({path.stat().st_size} bytes): the file is truncated "
                          f"or corrupt ({type(exc).__name__}: {exc})") from exc
+
+
+_classes: list = []
+
+
+def _reader_class(gguf):
+    """`gguf.GGUFReader` reading arrays of numbers and of strings in bulk. The package reads an array element by
+    element, a numpy view each: a 262,144-token vocabulary (its pieces, scores and types) took seconds. The fields
+    it builds give the same `contents()` (`tests/test_gguf_loader.py` compares every field of a file)."""
+    if _classes:
+        return _classes[0]
+    import struct
+
+    import numpy as np
+
+    array, string = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING
+
+    class Reader(gguf.GGUFReader):
+        def _get_field_parts(self, orig_offs, raw_type):
+            if gguf.GGUFValueType(raw_type) != array or self.byte_order != "I":
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype, alen = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+            itype, n, offs = gguf.GGUFValueType(raw_itype[0]), int(alen[0]), orig_offs + 12
+            nptype = self.gguf_scalar_to_np.get(itype)
+            if n == 0 or (nptype is None and itype != string):
+                return super()._get_field_parts(orig_offs, raw_type)  # empty, or an array of arrays
+            if nptype is not None:  # one part holds the whole array: contents() flattens the parts it points to
+                values = self._get(offs, nptype, n)
+                return offs + int(values.nbytes) - orig_offs, [raw_itype, alen, values], [2], [array, itype]
+            plain, parts = self.data.view(np.ndarray), [raw_itype, alen]
+            for _ in range(n):  # strings: a uint64 length, then the bytes
+                (length,) = struct.unpack_from("<Q", plain, offs)
+                parts.append(plain[offs + 8:offs + 8 + length])
+                offs += 8 + length
+            return offs - orig_offs, parts, list(range(2, 2 + n)), [array, string]
+
+    _classes.append(Reader)
+    return Reader
 
 
 def _field(reader, key: str, default=None):
