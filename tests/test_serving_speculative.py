@@ -403,3 +403,49 @@ def test_a_budget_without_a_drafter_is_refused(capsys):
     assert Engine(model, spec_budget="off").speculator is None  # "off" with no drafter says what happens
     assert main(["serve", "--spec-budget", "fixed:3"]) == 2
     assert "--spec-budget fixed:3 needs --speculative" in capsys.readouterr().err
+
+
+# ---- one owner of a pass's tokens: the scheduler asks the budget; rows counted one way ------------------------------
+
+
+def test_the_engine_reports_a_passs_sequences_as_the_budget_predicts_them(tiny):
+    """Prompt chunks riding in a pass count as one sequence, in what the engine reports and in what the budget fits."""
+    seen = []
+
+    class Spy(LoadAware):
+        def observe_pass(self, tokens, seconds, rows=None):
+            seen.append(rows)
+            super().observe_pass(tokens, seconds, rows)
+
+    src = [t % CFG.vocab_size for t in range(3, 60)]
+    reqs = [Request(i, src[i:i + 10], 8, arrival=0.0 if i < 2 else 0.05) for i in range(6)]  # 4 arrive together
+    engine = Engine(tiny, policy="chunked", max_batch=6, token_budget=24, block_size=4, num_blocks=80,
+                    drafter=PromptLookup(), spec_budget=Spy())
+    engine.replay(reqs)
+    prompt, done, mixed = {r.id: len(r.prompt) for r in reqs}, {r.id: 0 for r in reqs}, 0
+    assert len(seen) == len(engine.steps)
+    for step, rows in zip(engine.steps, seen):
+        chunks = [n for rid, n in step.rows if done[rid] < prompt[rid]]
+        decoding = len(step.rows) - len(chunks)
+        assert rows == decoding + (len(chunks) > 0), (step.rows, rows)
+        mixed += decoding > 0 and len(chunks) >= 2
+        for rid, n in step.rows:
+            done[rid] += n
+    assert mixed  # passes where counting each chunk as a sequence would have differed
+
+
+def test_a_given_cost_is_called_with_the_passs_own_requests(tiny):
+    """`LoadAware(cost=...)` gets the scheduler's rows (requests, not None), the kept drafts added to their rows."""
+    calls = []
+
+    def cost(rows):
+        calls.append(rows)
+        return 0.01 + 1e-4 * sum(n + req.n_cached for req, n in rows)  # reads each row's request
+
+    src = [t % CFG.vocab_size for t in range(3, 60)]
+    reqs = lambda: [Request(i, src[i:i + 10], 8, arrival=0.01 * i) for i in range(4)]
+    kw = dict(policy="chunked", max_batch=4, token_budget=16, block_size=4, num_blocks=60)
+    plain = Engine(tiny, **kw).replay(reqs())
+    spec = Engine(tiny, drafter=PromptLookup(), spec_budget=_measured(LoadAware(cost=cost), {}), **kw).replay(reqs())
+    assert calls and all(req is not None for rows in calls for req, _ in rows)
+    assert [r.output for r in spec.requests] == [r.output for r in plain.requests]

@@ -54,9 +54,16 @@ from collections import deque
 
 from labkit import checks
 
-__all__ = ["SpecBudget", "Off", "Fixed", "BatchCap", "LoadAware", "spec_budget", "GAMMA_LIMIT"]
+__all__ = ["SpecBudget", "Off", "Fixed", "BatchCap", "LoadAware", "spec_budget", "pass_sequences", "GAMMA_LIMIT"]
 
 GAMMA_LIMIT = 16  # the most drafted tokens a request may carry in one pass (a pass's rows stay row-invariant up to 16)
+
+
+def pass_sequences(decoding: int, riding: int) -> int:
+    """The sequences a pass counts for its cost: one per decoding row, and one for all the prompt tokens riding
+    along (however many requests they belong to). The engine reports its passes this way (`observe_pass`) and the
+    load-aware budget predicts them this way."""
+    return decoding + (riding > 0)
 
 
 class SpecBudget:
@@ -66,11 +73,12 @@ class SpecBudget:
     gamma_max = 0
 
     def choose(self, drafts: list[tuple[object, int]], *, batch: int, riding: int = 0, decoding: int | None = None,
-               room: int | None = None) -> list[int]:
+               room: int | None = None, planned: list | None = None) -> list[int]:
         """Per (request, drafted tokens it has), how many to verify this pass; `batch`: requests running,
         `riding`: prompt tokens this pass carries besides the decoding rows, `decoding`: decoding rows (default:
         one per request in `drafts`), `room`: token slots of the pass that no prompt token waits for (None:
-        no limit)."""
+        no limit), `planned`: the pass's rows before drafts, [(request, tokens)] (the scheduler's plan: decoding
+        rows of one token, the prompt chunks riding along)."""
         return [0 for _ in drafts]
 
     def observe_pass(self, tokens: int, seconds: float, rows: int | None = None) -> None:
@@ -94,7 +102,7 @@ class Fixed(SpecBudget):
         self.gamma_max = checks.integer("gamma", gamma, 1, GAMMA_LIMIT)
         self.name = f"fixed:{gamma}"
 
-    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None):
+    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None, planned=None):
         return [min(n, self.gamma_max) for _, n in drafts]
 
 
@@ -106,13 +114,16 @@ class BatchCap(Fixed):
         self.max_batch = checks.positive_int("max_batch", max_batch)
         self.max_batch, self.name = max_batch, f"vllm:{max_batch}:{gamma}"
 
-    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None):
+    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None, planned=None):
         return [0 for _ in drafts] if batch >= self.max_batch else super().choose(drafts, batch=batch)
 
 
 class LoadAware(SpecBudget):
     """The measured rule of the module docstring. `cost`: a pass's seconds by its rows (`passcost.step_time(table)`,
-    rows [(request, tokens)] -> seconds), or None to learn T(n) from the engine's own passes."""
+    rows [(request, tokens)] -> seconds), or None to learn T(n) from the engine's own passes. A given cost is called
+    with the pass's own rows (the scheduler's plan, the kept drafts added to their requests' rows), so it may read
+    the requests; called without a plan, the budget makes one: a row of one token per request in `drafts`, and rows
+    (None, tokens) for the other decoding rows and for the prompt tokens."""
 
     name = "auto"
 
@@ -161,13 +172,10 @@ class LoadAware(SpecBudget):
         return self.accepted / self.tested if self.tested else None
 
     def line(self, tokens: int, rows: int | None = None):
-        """T as a function of a pass's tokens n near `tokens`, its `rows` sequences held fixed: the given cost, else
-        a least-squares fit to the recent passes with tokens/2 <= n <= 2·tokens + 16 (all of them if those hold fewer
+        """T as a function of a pass's tokens n near `tokens`, its `rows` sequences held fixed: a least-squares fit to the recent passes with tokens/2 <= n <= 2·tokens + 16 (all of them if those hold fewer
         than two token counts), slope >= 0; None: fewer than two token counts seen yet. Where the passes' token and
         sequence counts vary apart, the fit is T = a + b·n + c·rows: a drafted token costs b, and the keys and values
         that more sequences read (c) are not charged to it."""
-        if self.cost is not None:
-            return lambda n: float(self.cost([(None, n)]))
         near = [p for p in self.passes if tokens / 2 <= p[0] <= 2 * tokens + 16]
         pts = near if len({p[0] for p in near}) >= 2 else list(self.passes)
         if len({p[0] for p in pts}) < 2:
@@ -188,20 +196,32 @@ class LoadAware(SpecBudget):
         return lambda n: my + slope * (n - mx)
 
     def pass_cost(self, tokens: int) -> float | None:
-        """T(tokens) from `line` (None: not known yet)."""
+        """T(tokens) from `line`, or from the given cost as one row of `tokens` (None: not known yet)."""
+        if self.cost is not None:
+            return float(self.cost([(None, tokens)]))
         f = self.line(tokens)
         return None if f is None else f(tokens)
 
+    def _pass_time(self, drafts, riding: int, rows: int, planned):
+        """ks -> T of the pass with ks[i] drafted tokens added to drafts[i]'s row (None: T not known yet)."""
+        if self.cost is None:
+            line, base = self.line(rows + riding, rows=pass_sequences(rows, riding)), rows + riding
+            return None if line is None else (lambda ks: line(base + sum(ks)))
+        others = [(None, rows - len(drafts))] if rows > len(drafts) else []  # decoding rows without drafts
+        plan = list(planned) if planned is not None else \
+            [(req, 1) for req, _ in drafts] + others + ([(None, riding)] if riding else [])
+        at = {id(req): i for i, (req, _) in enumerate(drafts)}
+        return lambda ks: float(self.cost([(req, n + (ks[at[id(req)]] if id(req) in at else 0)) for req, n in plan]))
+
     # ---- the decision ----------------------------------------------------------------------
 
-    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None):
+    def choose(self, drafts, *, batch, riding=0, decoding=None, room=None, planned=None):
         ks = [0] * len(drafts)
         alphas = [self.alpha(req) for req, _ in drafts]
         rows = len(drafts) if decoding is None else max(decoding, len(drafts))
-        n = rows + riding
         room = float("inf") if room is None else room
-        cost = self.line(n, rows=rows + (riding > 0))
-        t_n = None if cost is None else cost(n)
+        cost = self._pass_time(drafts, riding, rows, planned)
+        t_n = None if cost is None else cost(ks)
         if t_n is None or any(a is None for a in alphas):  # nothing to decide from yet: probe one token each
             ks = [min(1, m) for _, m in drafts]
         else:
@@ -213,9 +233,9 @@ class LoadAware(SpecBudget):
                     continue  # the token before it was not kept
                 if room <= 0:
                     break  # every slot left is wanted by a prompt token: a draft would only displace it
-                t_next = cost(n + 1)
+                t_next = cost(ks[:i] + [ks[i] + 1] + ks[i + 1:])
                 if gain * t_n > emitted * (t_next - t_n):
-                    ks[i], n, emitted, t_n, room = ks[i] + 1, n + 1, emitted + gain, t_next, room - 1
+                    ks[i], emitted, t_n, room = ks[i] + 1, emitted + gain, t_next, room - 1
             if not any(ks) and self.since + 1 >= self.probe_every:  # a probe: the request that waited longest
                 i = max(range(len(drafts)), key=lambda i: (drafts[i][1] > 0, self.idle.get(drafts[i][0].id, 0)))
                 ks[i] = min(1, drafts[i][1])

@@ -24,6 +24,7 @@ from labkit.kvcache.batch import PagedBatch
 from labkit.measure import Stopwatch
 from labkit.model.kernels import batch_invariant as invariant
 from labkit.sampling.pipeline import sample_next
+from labkit.serving.engine.budget import pass_sequences
 from labkit.serving.engine.request import Request, Status
 from labkit.serving.engine.scheduler import Scheduler
 from labkit.serving.engine.steps import PassFailed, Replay, Step, _logprobs
@@ -73,6 +74,8 @@ class Engine:
             raise ValueError(f"spec_budget={spec_budget!r} needs a drafter (drafter=None: the engine does not speculate, "
                              f"so a budget would do nothing); pass drafter=, or leave spec_budget out")
         self.speculator = None if drafter is None else Speculator(drafter, "auto" if spec_budget is None else spec_budget)
+        if self.speculator is not None:
+            self.scheduler.spec_budget = self.speculator.budget  # the scheduler decides every token of a pass
         if pass_time is not None and not callable(pass_time):
             raise ValueError(f"pass_time must be None or a callable rows -> seconds, got {type(pass_time).__name__}")
         self.pass_time = pass_time
@@ -115,7 +118,7 @@ class Engine:
         with sw.whole():
             if self.speculator is not None:
                 with sw.part("draft"):
-                    self.speculator.draft(self.scheduler)
+                    self.speculator.propose(self.scheduler)
             with sw.part("schedule"):
                 rows = self.scheduler.schedule(now, draining)
             if not rows:
@@ -132,8 +135,10 @@ class Engine:
             except Exception as exc:
                 raise PassFailed([req for req, _ in rows], exc) from exc
             pass_s = sw.totals()["pass"] if self.pass_time is None else float(self.pass_time(rows))
-            if self.speculator is not None:
-                self.speculator.budget.observe_pass(len(ids), pass_s, rows=len(rows))
+            if self.speculator is not None:  # sequences counted as the budget predicts them (`pass_sequences`)
+                riding = sum(n for req, n in rows if not req.prefilled)
+                self.speculator.budget.observe_pass(
+                    len(ids), pass_s, rows=pass_sequences(sum(1 for req, _ in rows if req.prefilled), riding))
             with sw.part("verify and sample"):
                 if self.scheduler.prefix_cache:  # the blocks this pass filled, findable by later requests
                     for req, _ in rows:

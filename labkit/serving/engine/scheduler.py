@@ -64,6 +64,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.preemptions = 0
         self._hashes: dict = {}  # request id -> (tokens hashed, the chained hashes of its full blocks) while it waits
+        self.spec_budget = None  # a speculating engine's budget (`budget.SpecBudget`): `choose_drafts` asks it
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -135,6 +136,8 @@ class Scheduler:
         `now`: the clock (static batching waits up to `max_wait_s` for a full batch);
         `draining`: no more requests will arrive (static batching stops waiting).
         """
+        if self.spec_budget is not None:
+            self.choose_drafts()
         if self.policy == "static":
             return self._static(now, draining)
         if self.policy == "continuous":
@@ -142,6 +145,42 @@ class Scheduler:
         if self.policy == "orca":
             return self._orca()
         return self._chunked()
+
+    def choose_drafts(self) -> None:
+        """Cut each decoding request's drafted tokens to what the budget keeps for this pass.
+
+        The budget sees the pass as this scheduler will plan it: a row of one token per decoding request, then
+        the prompt tokens that would ride along (`_riding`), and `room`, the token slots no prompt token waits
+        for. Building the rows (`_decode_running`) then cuts drafts again only where the blocks run out.
+        """
+        decoding = [r for r in self.running if r.prefilled and r.n_uncached == 1]
+        drafted = [r for r in decoding if r.draft]
+        if not drafted:
+            return
+        riding = self._riding(self.token_budget - len(decoding))
+        n_riding = sum(n for _, n in riding)
+        ks = self.spec_budget.choose([(r, len(r.draft)) for r in drafted], batch=len(self.running), riding=n_riding,
+                                     decoding=len(decoding), room=max(0, self.token_budget - len(decoding) - n_riding),
+                                     planned=[(r, 1) for r in decoding] + riding)
+        for req, k in zip(drafted, ks):
+            req.draft = req.draft[:k]
+            req.draft_q = None if req.draft_q is None or not k else req.draft_q[:k]
+
+    def _riding(self, budget: int) -> list[tuple[Request, int]]:
+        """The prompt tokens that would ride in this pass besides the decoding rows, as rows, within `budget`: the
+        running requests' next prompt chunks, then the prompts of the waiting requests a free slot would admit
+        (none under 'static' and 'continuous', whose passes never mix prompts with decoding)."""
+        if self.policy in ("static", "continuous"):
+            return []
+        admit = max(0, self.max_batch - len(self.running))
+        rows = []
+        for req, n in [(r, r.n_uncached) for r in self.running if not r.prefilled] + \
+                      [(r, len(r.prompt)) for r in list(self.waiting)[:admit]]:
+            if budget <= 0:
+                break
+            rows.append((req, min(n, budget)))
+            budget -= rows[-1][1]
+        return rows
 
     def _cached(self, req: Request) -> list[int]:
         """Cached blocks the waiting request at the head of the queue can start on ([] without prefix caching).

@@ -2,8 +2,9 @@
 
 Before a pass, every running request that decodes (its prompt cached, one token to run) asks the
 drafter for tokens that may follow (`labkit.speculative` drafters: `PromptLookup`, a
-`DraftModel`), and the budget (`labkit.serving.engine.budget`) says how many of them go into the pass.
-The scheduler gives such a request a row of 1 + k tokens (its last emitted token, then its k
+`DraftModel`). The scheduler owns every token of the pass: it asks the budget
+(`labkit.serving.engine.budget`) how many of them go in, with the room its own plan leaves
+(`Scheduler.choose_drafts`), and gives such a request a row of 1 + k tokens (its last emitted token, then its k
 drafted ones, before any prompt chunk: vLLM v1's order), and the pass keeps the logits of all
 k + 1 positions of that row (`PagedBatch.plan(rows, logits=...)`). Verification is
 `labkit.speculative.verify`'s: greedy requests accept the drafted tokens the target's argmax
@@ -43,35 +44,24 @@ class Speculator:
         self.drafter, self.budget = drafter, spec_budget(budget)
         self.drafted = self.accepted = 0
 
-    def draft(self, scheduler) -> None:
-        """Give every decoding request the drafted tokens the budget lets it verify in the next pass."""
+    def propose(self, scheduler) -> None:
+        """Ask the drafter for every decoding request's candidate tokens (up to the budget's `gamma_max`, never past
+        the reply's end or a stop token). How many of them the pass verifies is the scheduler's decision
+        (`Scheduler.choose_drafts`, with this budget): it owns every token of a pass."""
         for req in list(scheduler.running) + list(scheduler.waiting):
             req.draft, req.draft_q = [], None
         if self.budget.gamma_max == 0:
             return
-        ready = [r for r in scheduler.running if r.prefilled and r.n_uncached == 1 and r.constraint is None]
-        found = []
-        for req in ready:
+        for req in scheduler.running:
+            if not (req.prefilled and req.n_uncached == 1 and req.constraint is None):
+                continue
             room = min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1)
             if room > 0:
                 tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
                 tokens = list(tokens)[:room]
                 stop = next((i + 1 for i, t in enumerate(tokens) if t in req.stop_ids), len(tokens))
-                if tokens:  # nothing after a stop token is drafted: the reply would end there
-                    found.append((req, tokens[:stop], q))
-        if not found:
-            return
-        riding = 0  # prompt tokens that would ride in this pass: of running requests, and of those admitted next
-        if scheduler.policy not in ("static", "continuous"):
-            admit = max(0, scheduler.max_batch - len(scheduler.running))
-            riding = min(max(0, scheduler.token_budget - len(ready)),
-                         sum(r.n_uncached for r in scheduler.running if not r.prefilled)
-                         + sum(len(r.prompt) for r in list(scheduler.waiting)[:admit]))
-        room = max(0, scheduler.token_budget - len(ready) - riding)  # slots no prompt token is waiting for
-        ks = self.budget.choose([(req, len(t)) for req, t, _ in found], batch=len(scheduler.running),
-                                riding=riding, decoding=len(ready), room=room)
-        for (req, tokens, q), k in zip(found, ks):
-            req.draft, req.draft_q = tokens[:k], (None if q is None or not k else q[:k])
+                req.draft = tokens[:stop]  # nothing after a stop token is drafted: the reply would end there
+                req.draft_q = None if q is None or not req.draft else q[:len(req.draft)]
 
     def verify(self, req, logits: torch.Tensor) -> tuple[int, int]:
         """(drafted tokens accepted, the target's token after them) for `req`'s row: logits [k + 1, V]."""
