@@ -26,6 +26,7 @@ import torch
 
 from labkit import checks
 from labkit.kvcache.base import KVCache, causal_mask
+from labkit.kvcache.contiguous import ContiguousCache
 
 __all__ = ["WindowedCache", "layer_capacities"]
 
@@ -107,12 +108,7 @@ class WindowedCache(KVCache):
         mask = self._mask if self.start[layer] == 0 else causal_mask(self._n_new, end, self.device)
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end], mask
 
-    def end(self) -> None:
-        if self._n_new is None:
-            raise RuntimeError("end() called without begin()")
-        self._len += self._n_new
-        self._n_new = None
-        self._mask = None
+    end = ContiguousCache.end  # the same bookkeeping: the pass's tokens committed, its mask dropped
 
     def reset(self) -> None:
         self._len, self.start = 0, [0] * len(self.windows)
