@@ -147,18 +147,14 @@ class Scheduler:
         return self._chunked()
 
     def choose_drafts(self) -> None:
-        """Cut each decoding request's drafted tokens to what the budget keeps for this pass.
-
-        The budget sees the pass as this scheduler will plan it: a row of one token per decoding request, then
-        the prompt tokens that would ride along (`_riding`), and `room`, the token slots no prompt token waits
-        for. Building the rows (`_decode_running`) then cuts drafts again only where the blocks run out.
-        """
+        """Cut each decoding request's drafts to what the budget keeps, shown this pass as planned: a row of one token
+        per decoding request, the prompt rows riding along (`_riding`) and the slots no prompt token waits for."""
         decoding = [r for r in self.running if r.prefilled and r.n_uncached == 1]
         drafted = [r for r in decoding if r.draft]
         if not drafted:
             return
         riding = self._riding(self.token_budget - len(decoding))
-        n_riding = sum(n for _, n in riding)
+        n_riding = sum(n for _, n in riding)  # room: the slots of the token budget no prompt token waits for
         ks = self.spec_budget.choose([(r, len(r.draft)) for r in drafted], batch=len(self.running), riding=n_riding,
                                      decoding=len(decoding), room=max(0, self.token_budget - len(decoding) - n_riding),
                                      planned=[(r, 1) for r in decoding] + riding)
@@ -167,13 +163,11 @@ class Scheduler:
             req.draft_q = None if req.draft_q is None or not k else req.draft_q[:k]
 
     def _riding(self, budget: int) -> list[tuple[Request, int]]:
-        """The prompt tokens that would ride in this pass besides the decoding rows, as rows, within `budget`: the
-        running requests' next prompt chunks, then the prompts of the waiting requests a free slot would admit
-        (none under 'static' and 'continuous', whose passes never mix prompts with decoding)."""
+        """The prompt rows that would ride with the decoding rows, within `budget`: running requests' next chunks, then
+        waiting prompts a free slot would admit (none under 'static' and 'continuous': they never mix the two)."""
         if self.policy in ("static", "continuous"):
             return []
-        admit = max(0, self.max_batch - len(self.running))
-        rows = []
+        admit, rows = max(0, self.max_batch - len(self.running)), []
         for req, n in [(r, r.n_uncached) for r in self.running if not r.prefilled] + \
                       [(r, len(r.prompt)) for r in list(self.waiting)[:admit]]:
             if budget <= 0:
