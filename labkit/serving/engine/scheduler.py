@@ -1,10 +1,10 @@
 """Which requests run in the next step, and how many of their tokens: four batching policies.
 
-In the spirit of nano-vllm's `Scheduler` and vLLM's: a queue of waiting requests, a list
-of running ones, and KV blocks (`labkit.kvcache.blocks.BlockTables`) that every running
-request holds. Each step `schedule()` returns rows `(request, n_tokens)` for one batched
-forward pass, under two limits: `max_batch` running requests and `token_budget` tokens
-per pass.
+In the spirit of nano-vllm's `Scheduler` and vLLM's: a queue of waiting requests, a list of running ones, and KV
+blocks (`labkit.kvcache.blocks.BlockTables`) that every running request holds. Each step `schedule()` returns rows
+`(request, n_tokens)` for one batched forward pass, under two limits: `max_batch` running requests and
+`token_budget` tokens per pass, drafted tokens included (a speculating engine's budget is asked here,
+`choose_drafts`).
 
 - **static**: wait for a full batch (or `max_wait_s`, or the end of the trace), reserve KV
   for every request's whole reply up front, run the batch until its last request ends.
@@ -25,10 +25,9 @@ With `prefix_cache` (the engine's default), a request is admitted on the KV bloc
 request already computed for the same first tokens (`BlockTables.cached_prefix`): a shared
 system prompt is prefilled once, and later requests run only what follows it.
 
-When a running request needs a block and none is free, the scheduler *preempts* the
-most recently admitted request by recomputation (vLLM's default): its blocks are freed,
-it goes back to the front of the queue, and when readmitted its prompt and the tokens it
-already produced are prefilled again. Nothing is swapped out to host memory.
+When a running request needs a block and none is free, the scheduler *preempts* the most recently admitted request
+by recomputation (vLLM's default): its blocks are freed, it goes back to the front of the queue, and when readmitted
+its prompt and the tokens it already produced are prefilled again. Nothing is swapped out to host memory.
 """
 from __future__ import annotations
 
