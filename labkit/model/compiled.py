@@ -29,10 +29,10 @@ number of keys so far and the cache's capacity, are symbolic dimensions. Program
 and `last_only`: one for a one-token step (the GQA call the eager step makes) and one for passes of
 2..`COMPILE_MAX_TOKENS` tokens (verification, small batches), each compiled on first use. Anything else runs
 the eager step, whose numbers agree to rounding, not bit for bit (see Exactness): longer passes (a prompt),
-other cache kinds, early exit, the batch-invariant mode, gradients,, the first token of an empty cache and, for the
-compiled step (not the exported one), a pass that fills the cache's last slot; `stats` counts why. The exported step (`labkit.model.exported`) adds a
-third kind of program for models whose products are all row-invariant block kernels: one 'rows' program for
-every pass of 1..16 tokens, batch-invariant mode included.
+other cache kinds, early exit, the batch-invariant mode, gradients, the first token of an empty cache and, for
+the compiled step (not the exported one), a pass that fills the cache's last slot; `stats` counts why. The
+exported step (`labkit.model.exported`) adds a third kind of program for models whose products are all
+row-invariant block kernels: one 'rows' program for every pass of 1..16 tokens, batch-invariant mode included.
 
 Exactness: the compiled program computes what the eager step computes, in float32 or the model's dtype, but
 fused loops sum RMSNorm's squares and the attention's products in their own order, so logits agree to

@@ -172,10 +172,11 @@ class LoadAware(SpecBudget):
         return self.accepted / self.tested if self.tested else None
 
     def line(self, tokens: int, rows: int | None = None):
-        """T as a function of a pass's tokens n near `tokens`, its `rows` sequences held fixed: a least-squares fit to the recent passes with tokens/2 <= n <= 2·tokens + 16 (all of them if those hold fewer
-        than two token counts), slope >= 0; None: fewer than two token counts seen yet. Where the passes' token and
-        sequence counts vary apart, the fit is T = a + b·n + c·rows: a drafted token costs b, and the keys and values
-        that more sequences read (c) are not charged to it."""
+        """T as a function of a pass's tokens n near `tokens`, its `rows` sequences held fixed: a least-squares fit to
+        the recent passes with tokens/2 <= n <= 2·tokens + 16 (all of them if those hold fewer than two token
+        counts), slope >= 0; None: fewer than two token counts seen yet. Where the passes' token and sequence counts
+        vary apart, the fit is T = a + b·n + c·rows: a drafted token costs b, and the keys and values that more
+        sequences read (c) are not charged to it."""
         near = [p for p in self.passes if tokens / 2 <= p[0] <= 2 * tokens + 16]
         pts = near if len({p[0] for p in near}) >= 2 else list(self.passes)
         if len({p[0] for p in pts}) < 2:

@@ -6,9 +6,9 @@ blocks (`labkit.kvcache.blocks.BlockTables`) that every running request holds. E
 `token_budget` tokens per pass, drafted tokens included (a speculating engine's budget is asked here,
 `choose_drafts`).
 
-- **static**: wait for a full batch (or `max_wait_s`, or the end of the trace), reserve KV
-  for every request's whole reply up front, run the batch until its last request ends.
-  Nothing joins a batch in flight: a short reply's slot idles until the longest is done.
+- **static**: wait for a full batch (or `max_wait_s`, or the end of the trace), reserve KV for every request's whole
+  reply up front, run the batch until its last request ends. Nothing joins a batch in flight: a short reply's slot
+  idles until the longest is done.
 - **continuous** (vLLM v0's and nano-vllm's order): admit waiting requests whenever a
   slot, the blocks for the prompt and the budget allow; a step with new prompts is a
   *prefill-only* step (prefill has priority), otherwise every running request decodes one
@@ -17,13 +17,13 @@ blocks (`labkit.kvcache.blocks.BlockTables`) that every running request holds. E
   every running request decodes one token *and* waiting requests are admitted with their
   whole prompt in the same pass, while the budget allows. No pass leaves the decoders out,
   but a long prompt makes that pass long.
-- **chunked** (Agrawal et al. 2024, "Sarathi-Serve"; vLLM v1): every running request
-  decodes first, then prompt chunks fill what is left of the budget, so a long prompt is
-  prefilled a piece per step and never stalls the others' next tokens for long.
+- **chunked** (Agrawal et al. 2024, "Sarathi-Serve"; vLLM v1): every running request decodes first, then prompt
+  chunks fill what is left of the budget, so a long prompt is prefilled a piece per step and never stalls the
+  others' next tokens for long.
 
-With `prefix_cache` (the engine's default), a request is admitted on the KV blocks an earlier
-request already computed for the same first tokens (`BlockTables.cached_prefix`): a shared
-system prompt is prefilled once, and later requests run only what follows it.
+With `prefix_cache` (the engine's default), a request is admitted on the KV blocks an earlier request already
+computed for the same first tokens (`BlockTables.cached_prefix`): a shared system prompt is prefilled once, and
+later requests run only what follows it.
 
 When a running request needs a block and none is free, the scheduler *preempts* the most recently admitted request
 by recomputation (vLLM's default): its blocks are freed, it goes back to the front of the queue, and when readmitted
@@ -149,11 +149,10 @@ class Scheduler:
         """Cut each decoding request's drafts to what the budget keeps, shown this pass as planned: a row of one token
         per decoding request, the prompt rows riding along (`_riding`) and the slots no prompt token waits for."""
         decoding = [r for r in self.running if r.prefilled and r.n_uncached == 1]
-        drafted = [r for r in decoding if r.draft]
-        if not drafted:
+        if not (drafted := [r for r in decoding if r.draft]):
             return
         riding = self._riding(self.token_budget - len(decoding))
-        n_riding = sum(n for _, n in riding)  # room: the slots of the token budget no prompt token waits for
+        n_riding = sum(n for _, n in riding)
         ks = self.spec_budget.choose([(r, len(r.draft)) for r in drafted], batch=len(self.running), riding=n_riding,
                                      decoding=len(decoding), room=max(0, self.token_budget - len(decoding) - n_riding),
                                      planned=[(r, 1) for r in decoding] + riding)
@@ -164,15 +163,14 @@ class Scheduler:
     def _riding(self, budget: int) -> list[tuple[Request, int]]:
         """The prompt rows that would ride with the decoding rows, within `budget`: running requests' next chunks, then
         waiting prompts a free slot would admit (none under 'static' and 'continuous': they never mix the two)."""
-        if self.policy in ("static", "continuous"):
-            return []
-        admit, rows = max(0, self.max_batch - len(self.running)), []
-        for req, n in [(r, r.n_uncached) for r in self.running if not r.prefilled] + \
-                      [(r, len(r.prompt)) for r in list(self.waiting)[:admit]]:
-            if budget <= 0:
-                break
-            rows.append((req, min(n, budget)))
-            budget -= rows[-1][1]
+        wanted = [] if self.policy in ("static", "continuous") else \
+            [(r, r.n_uncached) for r in self.running if not r.prefilled] + \
+            [(r, len(r.prompt)) for r in list(self.waiting)[:max(0, self.max_batch - len(self.running))]]
+        rows = []
+        for req, n in wanted:
+            if budget > 0:
+                rows.append((req, min(n, budget)))
+                budget -= rows[-1][1]
         return rows
 
     def _cached(self, req: Request) -> list[int]:
