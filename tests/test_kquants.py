@@ -2,6 +2,7 @@
 own min–max quantizer writes blocks that `gguf` decodes to the same floats, within the error its steps allow."""
 import numpy as np
 import pytest
+import torch
 
 from labkit.quant import ggml, kquants
 
@@ -116,3 +117,43 @@ def test_the_format_table_adds_up_to_the_file():
     by_type = {r["type"]: r for r in rows}
     assert by_type["Q4_K"]["bits_per_weight"] == 4.5 and by_type["Q5_0"]["bits_per_weight"] == 5.5
     assert rows[0]["type"] == "Q8_0"  # the tied embedding dominates the file
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_a_block_linear_in_each_ggml_format_multiplies_the_formats_numbers(fmt):
+    """The layer's weight is the format's dequantized blocks (labkit's decoder, itself checked against `gguf`),
+    its product is x @ Wᵀ with that weight, and nbytes() is what the blocks store."""
+    from labkit.quant import ggml
+    from labkit.quant.blocklinear import BlockLinear
+
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(24, 512, generator=g), torch.randn(3, 512, generator=g)
+    layer = BlockLinear(w, fmt)
+    blocks = ggml.quantize(w.numpy(), fmt)
+    assert torch.equal(layer.weight, torch.from_numpy(ggml.dequantize(blocks, fmt, (24, 512))))
+    assert layer.nbytes() == blocks.size == ggml.nbytes(fmt, w.numel())
+    assert torch.allclose(layer(x), x @ layer.weight.t(), atol=1e-5)
+    assert 0 < (layer.weight - w).norm() / w.norm() < 0.1  # rounded, and not far
+
+
+def test_rows_a_k_quant_cannot_cut_fall_back_as_asked_or_are_refused():
+    """Rows of 640 do not cut into super-blocks of 256: the layer refuses them, and `quantize_model` puts them in
+    the fallback format (llama.cpp's Q4_K → Q5_0 rule) while the rows that fit keep the K-quant."""
+    from labkit.quant import model_nbytes, quantize_model
+    from labkit.quant.blocklinear import BlockLinear
+    from tests.kvcache_shared import tiny
+
+    with pytest.raises(ValueError, match="blocks of 256 weights; this matrix's rows hold 640.*fallback"):
+        BlockLinear(torch.randn(8, 640), "Q4_K")
+    model = tiny(d_model=128, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=256).requires_grad_(False)
+    q = quantize_model(model, fmt="Q4_K", fallback="Q5_0", include_head=False)
+    fmts = {name: m.fmt for name, m in q.named_modules() if isinstance(m, BlockLinear)}
+    assert fmts and all(f == ("Q4_K" if name.endswith("w_down") else "Q5_0") for name, f in fmts.items())
+    assert q.quantization["fell_back"] == len(fmts) - model.config.n_layers
+    assert model_nbytes(q) < model_nbytes(model) / 4
+    with pytest.raises(ValueError, match="blocks of 256"):
+        quantize_model(model, fmt="Q4_K")
+    with pytest.raises(ValueError, match="fallback='Q5_0'.*needs fmt"):
+        quantize_model(model, bits=4, fallback="Q5_0")
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        quantize_model(model, fmt="Q4_K", fallback="Q3_K")

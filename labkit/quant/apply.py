@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from labkit import checks
 from labkit.quant import intdot
-from labkit.quant.blocklinear import BlockLinear, check_options
+from labkit.quant.blocklinear import BlockLinear, check_options, fits
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
 from labkit.quant.linear import QuantLinear, layout, packed_layout_problem
 from labkit.quant.q4q8 import Q4Q8Linear, Q8Q8Linear
@@ -65,7 +65,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
                    calib=None, include_head: bool = True, act_dtype: torch.dtype = torch.bfloat16,
                    reference: bool = False, inplace: bool = False, damp: float = 0.01, act_order: bool = False,
                    progress: bool = False, fmt: str | None = None, activations: str = "float",
-                   sums: str = "auto") -> nn.Module:
+                   sums: str = "auto", fallback: str | None = None) -> nn.Module:
     """A copy of `model` (or `model` itself with `inplace`) whose linear layers hold `bits`-bit codes.
 
     `method`: "rtn" (no data), "gptq" or "awq" (both need `calib`, token ids [batch, tokens]).
@@ -80,6 +80,8 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
     `fmt` (one of `BLOCK_FORMATS`) stores every matrix in that block format by round to nearest
     instead (bits and group_size come with the format); `activations="int8"` with fmt Q8_0 or
     Q4_1 multiplies integer codes, `sums` "auto" (`torch._int_mm` where it is exact here), "int_mm" or "reference" (`labkit.quant.intdot`).
+    `fallback`: the format of matrices whose rows do not cut into whole blocks of `fmt` (a K-quant's 256 on rows
+    of 640), as llama.cpp's quantizer falls back; without it such a matrix is an error.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch module (labkit.load(...)[0]), got {type(model).__name__} {model!r:.40}")
@@ -89,7 +91,10 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
         raise ValueError(f"method={method!r} calibrates dense attention layers (AWQ folds scales into the projections "
                          f"an RMSNorm feeds); a compressed-attention model takes method='rtn' only")
     if fmt is not None:
-        return _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums)
+        return _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums,
+                                fallback)
+    if fallback is not None:
+        raise ValueError(f"fallback={fallback!r} is the block format for rows fmt does not fit: it needs fmt")
     if activations != "float":
         raise ValueError(f"activations={activations!r} needs a block format (fmt='Q8_0' or 'Q4_1'); "
                          "the packed kernels take float activations")
@@ -137,7 +142,7 @@ def _replace_linears(out: nn.Module, make, include_head: bool) -> None:
         out.compiled.reset()
 
 
-def _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums):
+def _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums, fallback):
     if method != "rtn" or calib is not None:
         raise ValueError(f"fmt={fmt!r} rounds to nearest: method must be 'rtn' and calib None, "
                          f"got method={method!r}")
@@ -145,11 +150,22 @@ def _quantize_blocks(model, method, bits, group_size, calib, include_head, inpla
         raise ValueError(f"fmt={fmt!r} fixes the bits and the block; pass fmt or bits/group_size, not both "
                          f"(got bits={bits!r}, group_size={group_size!r})")
     check_options(fmt, activations, sums)  # before the copy: a bad choice fails at once, naming itself
+    if fallback is not None:
+        check_options(fallback, activations, sums)
     out = model if inplace else copy.deepcopy(model)
     out.requires_grad_(False)
-    _replace_linears(out, lambda w: BlockLinear(w, fmt, activations, sums), include_head)
+    fell_back = []
+
+    def make(w):
+        if fallback is None or fits(fmt, w.shape[1]):
+            return BlockLinear(w, fmt, activations, sums)
+        fell_back.append(tuple(w.shape))
+        return BlockLinear(w, fallback, activations, sums)
+
+    _replace_linears(out, make, include_head)
     out.quantization = {"method": "rtn", "fmt": fmt, "activations": activations, "head": include_head,
-                        "kernel": "reference" if activations == "float" else intdot.resolve_sums(sums)}
+                        "kernel": "reference" if activations == "float" else intdot.resolve_sums(sums),
+                        "fallback": fallback, "fell_back": len(fell_back)}
     return out
 
 

@@ -1,5 +1,5 @@
-"""A linear layer whose weight is stored in a block format: GGUF's Q8_0 and Q4_1, or the microscaling MXFP4,
-MXFP8 and NVFP4.
+"""A linear layer whose weight is stored in a block format: GGUF's Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants
+Q4_K, Q5_K, Q6_K, or the microscaling MXFP4, MXFP8 and NVFP4.
 
     activations="float"  the weight is dequantized once and multiplied in float32: the format's
                          numbers at float speed (the reference path, for measuring quality)
@@ -23,10 +23,21 @@ from torch import nn
 from labkit.quant import ggml, intdot, mx
 from labkit.quant.linear import float_product
 
-__all__ = ["BlockLinear", "BLOCK_FORMATS", "INT_ACT_FORMATS", "ACTIVATIONS", "check_options"]
+__all__ = ["BlockLinear", "BLOCK_FORMATS", "GGML_FORMATS", "INT_ACT_FORMATS", "ACTIVATIONS", "check_options", "fits"]
 
 INT_ACT_FORMATS = ("Q8_0", "Q4_1")
-BLOCK_FORMATS = INT_ACT_FORMATS + tuple(mx.FORMATS)
+GGML_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # float activations: a dequantized copy
+BLOCK_FORMATS = GGML_FORMATS + tuple(mx.FORMATS)
+
+
+def block_size(fmt: str) -> int:
+    """Weights per block of `fmt` along a row (a K-quant's super-block of 256): a row's length must be a multiple."""
+    return mx.LAYOUT[fmt][0] if fmt in mx.LAYOUT else ggml.TYPES[fmt][1]
+
+
+def fits(fmt: str, in_features: int) -> bool:
+    """Whether rows of `in_features` weights cut into whole blocks of `fmt`."""
+    return in_features % block_size(fmt) == 0
 ACTIVATIONS = ("float", "int8")
 
 
@@ -58,6 +69,10 @@ class BlockLinear(nn.Module):
                             f"{tuple(getattr(weight, 'shape', ()))}")
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
+        if not fits(fmt, self.in_features):
+            raise ValueError(f"fmt={fmt!r} stores rows in blocks of {block_size(fmt)} weights; this matrix's rows hold "
+                             f"{self.in_features} (llama.cpp falls back to another type for such rows: "
+                             f"quantize_model(..., fallback=...))")
         self.fmt, self.activations, self.sums = fmt, activations, intdot.resolve_sums(sums)
         if fmt in INT_ACT_FORMATS:
             data = ggml.quantize(w.numpy(), fmt)
@@ -69,6 +84,10 @@ class BlockLinear(nn.Module):
             dense = self.codes.float() * self.d.repeat_interleave(ggml.BLOCK, 1)
             if self.m is not None:
                 dense = dense + self.m.repeat_interleave(ggml.BLOCK, 1)
+        elif fmt in GGML_FORMATS:  # Q4_0, Q5_0 and the K-quants: the format's numbers, multiplied in float32
+            data = ggml.quantize(w.numpy(), fmt)
+            self._nbytes, self.codes, self.d, self.m = int(data.size), None, None, None
+            dense = torch.from_numpy(ggml.dequantize(data, fmt, tuple(w.shape)))
         else:
             t = mx.quantize(w, fmt)
             self._nbytes = int(t.nbytes())
