@@ -54,8 +54,9 @@ def add_parser(sub):
     p.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask for "
                    "(default: %(default)s)")
     p.add_argument("--speculative", default=None, choices=["prompt-lookup", *HEADS],
-                   help="draft tokens and verify them in the batched passes (default: no speculation); the drafting "
-                        "heads (mtp, zero-copy, medusa) are refused: see --help's note")
+                   help="draft tokens and verify them in the batched passes (default: no speculation): prompt lookup, or "
+                        "a drafting head trained for SmolLM2 (mtp, zero-copy, medusa), each request drafting from its "
+                        "own last verified hidden state")
     p.add_argument("--spec-budget", type=_spec_budget, default=None,
                    help="with --speculative: drafted tokens verified per request and pass: off, fixed:N, vllm:B[:N] "
                         "(none from B running requests) or auto (from measured acceptance and pass cost; the default)")
@@ -63,6 +64,20 @@ def add_parser(sub):
 
 
 HEADS = ("mtp", "zero-copy", "medusa")
+
+
+def make_drafter(name: str | None, model):
+    """The drafter `--speculative name` serves: prompt lookup, or a head from its file for `model` (the heads trained
+    for SmolLM2 are in data/; another model has none: FileNotFoundError or ValueError saying so)."""
+    if name is None:
+        return None
+    from labkit.speculative import PromptLookup
+    from labkit.speculative.heads import MedusaDrafter, ZeroCopyDrafter
+    from labkit.speculative.mtp import MTPDrafter
+
+    if name == "prompt-lookup":
+        return PromptLookup()
+    return {"mtp": MTPDrafter, "zero-copy": ZeroCopyDrafter, "medusa": MedusaDrafter}[name].from_file(model)
 
 
 def port_taken(host: str, port: int) -> bool:
@@ -86,11 +101,6 @@ def run(args, ready=None) -> int:
     import labkit
     from labkit.serving.http.server import Server
 
-    if args.speculative in HEADS:
-        print(f"labkit serve: --speculative {args.speculative} is not served: a drafting head reads the target's hidden "
-              "states of each request's last verified token, which the engine's packed pass does not hand out; "
-              "use --speculative prompt-lookup (the heads run in labkit.speculative.generate, one stream)", file=sys.stderr)
-        return 2
     if args.spec_budget is not None and args.speculative is None:
         print(f"labkit serve: --spec-budget {args.spec_budget} needs --speculative (without it the server does not "
               "draft, so a budget would do nothing)", file=sys.stderr)
@@ -100,10 +110,12 @@ def run(args, ready=None) -> int:
               f"--port N", file=sys.stderr)
         return 2
 
-    from labkit.speculative import PromptLookup
-
     model, tok = labkit.load(args.model, dtype=args.dtype)
-    drafter = PromptLookup() if args.speculative == "prompt-lookup" else None
+    try:
+        drafter = make_drafter(args.speculative, model)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"labkit serve: --speculative {args.speculative}: {exc}", file=sys.stderr)
+        return 2
     server = Server(model, tok, args.model, host=args.host, port=args.port, allow_remote=args.allow_remote,
                     kv_memory=args.kv_memory, max_waiting=args.max_waiting, request_timeout=args.request_timeout,
                     max_tokens_limit=args.max_tokens_limit, policy=args.policy, max_batch=args.max_batch,

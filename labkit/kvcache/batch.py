@@ -76,6 +76,12 @@ class PagedBatch(KVCache):
         flat = lambda store: store.index_select(1, table[0]).flatten(1, 2)[:, :n]  # noqa: E731
         return flat(self.keys), flat(self.values)
 
+    def layer_kv(self, key, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's committed keys (rotated) and values of sequence `key`: [1, n_kv_heads, length, head_dim] each,
+        a contiguous cache's layout (what a zero-copy drafting head attends over)."""
+        n, table = self.length(key), self.pool.table_tensor([key])
+        return tuple(self.pool.gather(store[layer], table)[:, :, :n] for store in (self.keys, self.values))
+
     def import_kv(self, key, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Add sequence `key` holding `keys`/`values` [n_layers, n, n_kv_heads, head_dim] (from `export_kv`,
         possibly of another batch: disaggregated prefill), as if a pass had computed them here."""

@@ -32,7 +32,7 @@ from labkit.sampling.pipeline import sample_next
 from labkit.speculative.headfile import head_from_file, register_head
 from labkit.speculative.tap import HiddenTap, vocab_logits, vocab_rows
 
-__all__ = ["ZeroCopyHead", "ZeroCopyDrafter", "MedusaHeads", "MedusaDrafter"]
+__all__ = ["ZeroCopyHead", "ZeroCopyDrafter", "MedusaHeads", "MedusaDrafter", "zero_copy_chain", "medusa_guess"]
 
 
 def _vocab(config, vocab_ids):
@@ -122,14 +122,24 @@ class ZeroCopyDrafter(HiddenTap):
             raise RuntimeError(f"the target's cache holds {self.cache.seq_len} tokens; the history needs {n}")
         layer = self.target.config.n_layers - 1
         keys, values = self.cache.keys[layer, :1, :, :n], self.cache.values[layer, :1, :, :n]  # views: no copy
-        out, token, tokens, vocab = h[-1:][None], history[-1], [], self.head.vocab_ids
-        for i in range(gamma):
-            ids = torch.tensor([[token]], device=out.device)
-            out = self.head(self.target, out, ids, keys, values, torch.tensor([n + i], device=out.device))
-            token = int(vocab[sample_next(self.head.logits(self.target, out)[0, -1].float())])  # greedy
-            tokens.append(token)
-            self.steps += 1
+        tokens = zero_copy_chain(self.head, self.target, keys, values, h[-1], history[-1], gamma)
+        self.steps += len(tokens)
         return tokens, None
+
+
+def zero_copy_chain(head: ZeroCopyHead, target, keys, values, h: torch.Tensor, token: int, gamma: int) -> list[int]:
+    """γ greedy tokens of the zero-copy head from the last verified hidden state h [d] and the token after it,
+    attending over the backbone's last-layer keys, values [1, n_kv_heads, n, head_dim] (rotated) of the n
+    positions before that token. One stream (`ZeroCopyDrafter`, the contiguous cache's views) and each request
+    of the serving engine (its blocks gathered, `labkit.serving.engine.heads`) draft through it."""
+    n = keys.shape[2]
+    out, tokens, vocab = h[None, None], [], head.vocab_ids
+    for i in range(gamma):
+        ids = torch.tensor([[token]], device=out.device)
+        out = head(target, out, ids, keys, values, torch.tensor([n + i], device=out.device))
+        token = int(vocab[sample_next(head.logits(target, out)[0, -1].float())])  # greedy
+        tokens.append(token)
+    return tokens
 
 
 @register_head("medusa")
@@ -181,10 +191,16 @@ class MedusaDrafter(HiddenTap):
     @torch.inference_mode()
     def propose(self, history: list[int], gamma: int, params=None, generator=None):
         _, h = self.verified(history)
-        n = min(gamma, self.head.n_heads)
-        if n < 1:
-            return [], None
-        out = self.head(h[-1])[:n]  # [n, d]: only the heads this round uses
-        self.steps += 1
-        picks = self.head.logits(self.target, out).float().argmax(-1)  # greedy, first maximum on ties
-        return [int(t) for t in self.head.vocab_ids[picks]], None
+        tokens = medusa_guess(self.head, self.target, h[-1], gamma)
+        self.steps += bool(tokens)
+        return tokens, None
+
+
+def medusa_guess(heads: MedusaHeads, target, h: torch.Tensor, gamma: int) -> list[int]:
+    """min(γ, n_heads) greedy guesses of the parallel heads from one verified hidden state h [d], in one step."""
+    n = min(gamma, heads.n_heads)
+    if n < 1:
+        return []
+    out = heads(h)[:n]  # [n, d]: only the heads this round uses
+    picks = heads.logits(target, out).float().argmax(-1)  # greedy, first maximum on ties
+    return [int(t) for t in heads.vocab_ids[picks]]

@@ -29,7 +29,7 @@ from labkit.sampling.pipeline import sample_next
 from labkit.speculative.headfile import head_from_file, register_head
 from labkit.speculative.tap import HiddenTap, vocab_logits, vocab_rows
 
-__all__ = ["MTPHead", "MTPDrafter", "head_step_s"]
+__all__ = ["mtp_chain", "MTPHead", "MTPDrafter", "head_step_s"]
 
 
 @register_head("mtp")
@@ -95,21 +95,30 @@ class MTPDrafter(HiddenTap):
         # the target's last pass covered positions start .. start+T-1 of history; those it produced tokens for
         # are verified: their hidden states and the tokens that followed are the head's true inputs
         start, h = self.verified(history)
-        keep = h.shape[0]
-        self.cache.truncate(min(self.cache.seq_len, start))
-        h = h[None]  # [1, keep, d]
-        nxt = torch.tensor([history[start + 1:start + 1 + keep]], device=h.device)
-        out = self.head(self.target, h, nxt, self.cache)[:, -1:]  # [1, 1, d]: predicts history[-1]'s successor
-        tokens = []
-        vocab = self.head.vocab_ids
-        for i in range(gamma):
-            logits = self.head.logits(self.target, out)[0, -1].float()
-            token = int(vocab[sample_next(logits)])  # greedy over the head's vocabulary (first maximum on ties)
-            tokens.append(token)
-            self.steps += 1
-            if i + 1 < gamma:
-                out = self.head(self.target, out, torch.tensor([[token]], device=out.device), self.cache)
+        tokens = mtp_chain(self.head, self.target, self.cache, start, h, history, gamma)
+        self.steps += len(tokens)
         return tokens, None
+
+
+def mtp_chain(head: MTPHead, target, cache, start: int, h: torch.Tensor, history: list[int], gamma: int,
+              offset: int = 0) -> list[int]:
+    """γ greedy tokens of the chained head: its one-layer `cache` is cut back to `start` and caught up on the
+    verified hidden states h [keep, d] at positions start .. start + keep − 1 with the tokens that followed them
+    (so a rejected draft rolls back by itself), then the head chains on its own guesses. One stream
+    (`MTPDrafter`) and each request of the serving engine (`labkit.serving.engine.heads`) draft through it.
+    `offset`: the position the cache's first slot holds (a request whose prefix came from the prefix cache has no
+    hidden states before it); RoPE scores depend on distances only, so the shifted slots attend exactly alike."""
+    keep = h.shape[0]
+    cache.truncate(min(cache.seq_len, start - offset))
+    nxt = torch.tensor([history[start + 1:start + 1 + keep]], device=h.device)
+    out = head(target, h[None], nxt, cache)[:, -1:]  # [1, 1, d]: predicts history[-1]'s successor
+    tokens, vocab = [], head.vocab_ids
+    for i in range(gamma):
+        logits = head.logits(target, out)[0, -1].float()
+        tokens.append(int(vocab[sample_next(logits)]))  # greedy over the head's vocabulary (first maximum on ties)
+        if i + 1 < gamma:
+            out = head(target, out, torch.tensor([[tokens[-1]]], device=out.device), cache)
+    return tokens
 
 
 @torch.inference_mode()

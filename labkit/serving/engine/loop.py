@@ -73,7 +73,8 @@ class Engine:
         if drafter is None and spec_budget not in (None, "off"):
             raise ValueError(f"spec_budget={spec_budget!r} needs a drafter (drafter=None: the engine does not speculate, "
                              f"so a budget would do nothing); pass drafter=, or leave spec_budget out")
-        self.speculator = None if drafter is None else Speculator(drafter, "auto" if spec_budget is None else spec_budget)
+        self.speculator = None if drafter is None else Speculator(
+            drafter, "auto" if spec_budget is None else spec_budget, paged=self.cache)
         if self.speculator is not None:
             self.scheduler.spec_budget = self.speculator.budget  # the scheduler decides every token of a pass
         if pass_time is not None and not callable(pass_time):
@@ -143,7 +144,10 @@ class Engine:
                 if self.scheduler.prefix_cache:  # the blocks this pass filled, findable by later requests
                     for req, _ in rows:
                         self.cache.tables.register_full(req.id, req.tokens)
+                before = [req.n_cached for req, _ in rows]
                 out, failed, drafted, accepted = self._choose_rows(rows, logits.float())
+                if self.speculator is not None:  # what each row verified (a head drafts from their hidden states)
+                    self.speculator.observe([(req, n, req.n_cached - b, b) for (req, n), b in zip(rows, before)])
             end = self._end(now, clock, sw, pass_s)
             with sw.part("emit"):
                 for req, message in failed:

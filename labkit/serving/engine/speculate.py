@@ -2,7 +2,8 @@
 
 Before a pass, every running request that decodes (its prompt cached, one token to run) asks the
 drafter for tokens that may follow (`labkit.speculative` drafters: `PromptLookup`, a
-`DraftModel`). The scheduler owns every token of the pass: it asks the budget
+`DraftModel`, or a drafting head, `MTPDrafter`, `ZeroCopyDrafter`, `MedusaDrafter`, which drafts from the
+request's own last verified hidden state: `labkit.serving.engine.heads`). The scheduler owns every token of the pass: it asks the budget
 (`labkit.serving.engine.budget`) how many of them go in, with the room its own plan leaves
 (`Scheduler.choose_drafts`), and gives such a request a row of 1 + k tokens (its last emitted token, then its k
 drafted ones, before any prompt chunk: vLLM v1's order), and the pass keeps the logits of all
@@ -26,6 +27,7 @@ import torch
 
 from labkit.sampling import process_logits
 from labkit.serving.engine.budget import SpecBudget, spec_budget
+from labkit.serving.engine.heads import HeadDrafts, is_head
 from labkit.speculative.verify import accept_greedy, accept_sampled
 
 __all__ = ["Speculator"]
@@ -34,15 +36,33 @@ __all__ = ["Speculator"]
 class Speculator:
     """A `drafter` (an object with `propose(history, gamma, params, generator)`) and a budget (see the module doc)."""
 
-    def __init__(self, drafter, budget: str | SpecBudget = "auto"):
+    def __init__(self, drafter, budget: str | SpecBudget = "auto", paged=None):
         if not hasattr(drafter, "propose"):
             raise TypeError(f"drafter must have propose(history, gamma, params, generator) (labkit.speculative."
                             f"PromptLookup(), DraftModel(model)), got {type(drafter).__name__}")
-        if hasattr(drafter, "attach"):
+        self.heads = None
+        if is_head(drafter):
+            if paged is None:
+                raise ValueError("a drafting head reads each request's hidden states and blocks: give the engine's "
+                                 "cache (paged=)")
+            self.heads = HeadDrafts(drafter, paged)
+        elif hasattr(drafter, "attach"):
             raise ValueError(f"{type(drafter).__name__} drafts on the target's own cache; the serving engine's "
-                             "packed cache is shared by every request: use PromptLookup or a DraftModel")
+                             "packed cache is shared by every request: use PromptLookup, a DraftModel or a head")
         self.drafter, self.budget = drafter, spec_budget(budget)
         self.drafted = self.accepted = 0
+
+    @property
+    def name(self) -> str:
+        """The drafter's name as `labkit serve --speculative` spells it (the label of its /metrics counters)."""
+        return self.heads.kind if self.heads is not None else {"PromptLookup": "prompt-lookup"}.get(
+            type(self.drafter).__name__, type(self.drafter).__name__)
+
+    def observe(self, rows) -> None:
+        """After a pass: [(request, tokens it ran, of which verified, position of its first)] (a head keeps the
+        verified hidden states; the other drafters read the tokens alone)."""
+        if self.heads is not None:
+            self.heads.observe(rows)
 
     def propose(self, scheduler) -> None:
         """Ask the drafter for every decoding request's candidate tokens (up to the budget's `gamma_max`, never past
@@ -50,6 +70,8 @@ class Speculator:
         (`Scheduler.choose_drafts`, with this budget): it owns every token of a pass."""
         for req in list(scheduler.running) + list(scheduler.waiting):
             req.draft, req.draft_q = [], None
+        if self.heads is not None:
+            self.heads.forget({req.id for req in scheduler.running})
         if self.budget.gamma_max == 0:
             return
         for req in scheduler.running:
@@ -57,7 +79,10 @@ class Speculator:
                 continue
             room = min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1)
             if room > 0:
-                tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
+                if self.heads is not None:
+                    tokens, q = self.heads.propose(req, room), None
+                else:
+                    tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
                 tokens = list(tokens)[:room]
                 stop = next((i + 1 for i, t in enumerate(tokens) if t in req.stop_ids), len(tokens))
                 req.draft = tokens[:stop]  # nothing after a stop token is drafted: the reply would end there

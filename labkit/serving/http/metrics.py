@@ -15,7 +15,7 @@ Names follow vLLM's where there is an equivalent (`vllm:num_requests_running` is
 | `labkit:request_success_total{finished_reason}` | counter | requests that ended normally ("stop", "length") |
 | `labkit:num_requests_aborted_total{reason}` | counter | ended early ("abort": client left, "timeout", "rejected": its parameters could not sample, "error") |
 | `labkit:num_requests_rejected_total` | counter | refused with 429 (queue full) |
-| `labkit:spec_decode_num_draft_tokens_total` / `_accepted_tokens_total` | counter | drafted tokens verified / accepted (speculation) |
+| `labkit:spec_decode_num_draft_tokens_total{drafter}` / `_accepted_tokens_total{drafter}` | counter | drafted tokens verified / accepted, by drafter ("prompt-lookup", "mtp", "zero-copy", "medusa"; only when the server speculates) |
 
 Each server has its own registry, so two servers in one process never mix their counts.
 """
@@ -33,8 +33,9 @@ class ServerMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, drafter: str | None = None):
         self.registry = r = CollectorRegistry()
+        self.drafter = drafter
         self.running = Gauge("labkit:num_requests_running", "Requests decoding now.", registry=r)
         self.waiting = Gauge("labkit:num_requests_waiting", "Requests waiting to run.", registry=r)
         self.kv_usage = Gauge("labkit:kv_cache_usage_perc", "Share of KV cache blocks in use (0-1).", registry=r)
@@ -50,16 +51,20 @@ class ServerMetrics:
         self.success = Counter("labkit:request_success", "Requests that ended normally.", ["finished_reason"], registry=r)
         self.aborted = Counter("labkit:num_requests_aborted", "Requests ended early.", ["reason"], registry=r)
         self.rejected = Counter("labkit:num_requests_rejected", "Requests refused because the queue was full.", registry=r)
-        self.drafted = Counter("labkit:spec_decode_num_draft_tokens", "Drafted tokens verified.", registry=r)
-        self.accepted = Counter("labkit:spec_decode_num_accepted_tokens", "Drafted tokens accepted.", registry=r)
+        self.drafted = Counter("labkit:spec_decode_num_draft_tokens", "Drafted tokens verified.", ["drafter"], registry=r)
+        self.accepted = Counter("labkit:spec_decode_num_accepted_tokens", "Drafted tokens accepted.", ["drafter"],
+                                registry=r)
+        if drafter is not None:  # the series exist from the start (0 until a request ends)
+            self.drafted.labels(drafter), self.accepted.labels(drafter)
 
     def finished(self, req) -> None:
         """A request ended (any reason): count its tokens and latencies."""
         self.prompt_tokens.inc(len(req.prompt))
         self.cached_tokens.inc(min(req.cached_tokens, len(req.prompt)))
         self.generation_tokens.inc(len(req.output))
-        self.drafted.inc(req.drafted)
-        self.accepted.inc(req.accepted)
+        if self.drafter is not None:
+            self.drafted.labels(self.drafter).inc(req.drafted)
+            self.accepted.labels(self.drafter).inc(req.accepted)
         if req.ttft is not None:
             self.ttft.observe(req.ttft)
         for gap in req.itls:

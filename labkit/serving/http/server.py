@@ -114,9 +114,10 @@ class Server:
         self.max_tokens_limit, self.max_body, self.body_timeout_s = max_tokens_limit, max_body, body_timeout_s
         self.idle_timeout_s = idle_timeout_s  # a connection silent this long is closed (before or between requests)
         self.context = model.config.max_seq_len
-        self.metrics = ServerMetrics(model_name)
-        self.engine = EngineThread(Engine(model, **engine_opts), max_waiting=max_waiting,
-                                   request_timeout=request_timeout, on_finish=self.metrics.finished)
+        engine = Engine(model, **engine_opts)
+        self.metrics = ServerMetrics(model_name, None if engine.speculator is None else engine.speculator.name)
+        self.engine = EngineThread(engine, max_waiting=max_waiting, request_timeout=request_timeout,
+                                   on_finish=self.metrics.finished)
         self.ids = itertools.count()
         self.host, self.port = host, port
         self._sock: socket.socket | None = None

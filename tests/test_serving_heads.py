@@ -1,0 +1,84 @@
+"""The drafting heads inside the serving engine: each request drafts from its own last verified hidden state.
+
+A head in the engine drafts, request by request, exactly what it drafts alone (`labkit.speculative.generate`):
+the same drafted and accepted counts and the same reply, with a prompt prefilled in chunks over several passes.
+Under load, with the prefix cache giving a later request its first blocks (so its head starts past position 0),
+greedy replies equal the engine's without drafts and no block leaks; the server takes `--speculative mtp` and
+counts drafted and accepted tokens under the drafter's name.
+"""
+from __future__ import annotations
+
+import pytest
+
+from labkit.serving import Engine, Request
+from labkit.speculative import generate
+from labkit.speculative.heads import MedusaDrafter, ZeroCopyDrafter
+from labkit.speculative.mtp import MTPDrafter
+from tests.smollm2_shared import smollm2
+
+HEADS = [MTPDrafter, ZeroCopyDrafter, MedusaDrafter]
+PROMPTS = ["Explain what a KV cache is in one paragraph.", "Write a Python function that reverses a string.",
+           "List three primary colours.", "What is the capital of France?"]
+
+
+def _chat(tok, text):
+    return tok.encode_chat([{"role": "user", "content": text}])
+
+
+@pytest.fixture(params=HEADS, ids=["mtp", "zero-copy", "medusa"])
+def head(request):
+    model, _ = smollm2()
+    drafter = request.param.from_file(model)
+    yield drafter
+    drafter.close()
+
+
+def test_a_head_drafts_in_the_engine_what_it_drafts_alone(head):
+    model, tok = smollm2()
+    alone = generate(model, head, tok, PROMPTS[0], gamma=3, max_new_tokens=24, chat=True)
+    engine = Engine(model, drafter=head, spec_budget="fixed:3", policy="chunked", max_batch=2, token_budget=16,
+                    batch_invariant=True)  # the prompt's 40-odd tokens prefill in chunks of 16: three passes
+    req = engine.replay([Request(0, _chat(tok, PROMPTS[0]), 24)]).requests[0]
+    assert req.output == alone.token_ids
+    assert (req.drafted, req.accepted) == (sum(alone.proposed), alone.accepted)
+    assert req.drafted > 0 and engine.speculator.heads.steps > 0
+
+
+def test_greedy_replies_with_a_head_equal_the_engine_without_drafts_under_load(head):
+    model, tok = smollm2()
+    kw = dict(policy="chunked", max_batch=3, token_budget=48, batch_invariant=True)
+    reqs = lambda: [Request(i, _chat(tok, p), 20, arrival=0.05 * i) for i, p in enumerate(PROMPTS)]  # noqa: E731
+    want = [r.output for r in Engine(model, **kw).replay(reqs()).requests]
+    engine = Engine(model, drafter=head, spec_budget="fixed:4", **kw)
+    replay = engine.replay(reqs())
+    assert [r.output for r in replay.requests] == want
+    assert any(r.cached_tokens for r in replay.requests), "the shared chat prefix must come from the prefix cache"
+    assert engine.cache.tables.n_free == engine.cache.tables.num_blocks, "a block leaked"
+    assert sum(r.drafted for r in replay.requests) > 0
+    assert not engine.speculator.heads.states or set(engine.speculator.heads.states) <= {r.id for r in replay.requests}
+
+
+def test_a_server_drafts_with_a_head_and_counts_it_by_name():
+    import urllib.request
+
+    import openai
+
+    from labkit.serving.http.server import Server
+
+    model, tok = smollm2()
+    drafter = MTPDrafter.from_file(model)
+    try:
+        with Server(model, tok, "smollm2-135m", max_batch=2, token_budget=64, num_blocks=64, drafter=drafter,
+                    spec_budget="fixed:3") as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+            reply = client.completions.create(model="smollm2-135m", prompt="One, two, three, four,", max_tokens=12)
+            metrics = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    finally:
+        drafter.close()
+    details = reply.usage.completion_tokens_details
+    counts = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("labkit:spec_decode")}
+    drafted = details.accepted_prediction_tokens + details.rejected_prediction_tokens
+    assert drafted > 0
+    assert counts['labkit:spec_decode_num_draft_tokens_total{drafter="mtp"}'] == drafted
+    assert counts['labkit:spec_decode_num_accepted_tokens_total{drafter="mtp"}'] == details.accepted_prediction_tokens
