@@ -32,3 +32,27 @@ def test_measured_table_covers_every_size_and_drives_a_replay():
     for bad in ({"decode_rows": ()}, {"prefill_tokens": (0,)}, {"repeats": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             passcost.measure_pass_costs(model, source=source, **{"decode_rows": (1,), "prefill_tokens": (8,), **bad})
+
+
+def test_verify_passes_are_measured_in_the_mode_asked_and_price_passes_with_drafts():
+    """Passes of b rows verifying γ drafts each are measured (their rows named), and `step_time` prices a pass whose
+    requests carry drafts on that curve, a plain pass on the plain one."""
+    from types import SimpleNamespace
+
+    from labkit.model import ModelConfig
+    from labkit.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=32, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64,
+                                    max_seq_len=128)).eval()
+    source = list(range(1, 31)) * 3
+    table = passcost.measure_pass_costs(model, decode_rows=(1, 2), prefill_tokens=(8,), source=source, context=12,
+                                        repeats=2, verify_rows=(1, 2), gammas=(3,), batch_invariant=True)
+    verify = [r for r in table if r["kind"] == "verify"]
+    assert sorted((r["rows"], r["gamma"], r["tokens"]) for r in verify) == [(1, 3, 4), (2, 3, 8)]
+    cost = passcost.step_time(table)
+    plain, drafted = SimpleNamespace(draft=[]), SimpleNamespace(draft=[5, 6, 7])
+    assert cost([(drafted, 4)]) == pytest.approx(next(r["seconds"] for r in verify if r["tokens"] == 4))
+    assert cost([(plain, 1)]) == pytest.approx(next(r["seconds"] for r in table if r["kind"] == "decode" and r["tokens"] == 1))
+    with pytest.raises(ValueError, match="verify_rows and gammas go together"):
+        passcost.measure_pass_costs(model, source=source, decode_rows=(1,), prefill_tokens=(8,), verify_rows=(1,))

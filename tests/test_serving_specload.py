@@ -173,3 +173,29 @@ def test_the_load_aware_budget_names_its_recent_passes_and_refuses_the_old_name(
         LoadAware(window=8)
     with pytest.raises(ValueError, match="recent_passes must be a positive integer, got 0"):
         LoadAware(recent_passes=0)
+
+
+def test_copy_origins_splits_accepted_tokens_by_where_the_match_was_by_hand():
+    """Prompt [1..5], reply [3, 4, 5, 6, 3, 4, 5, 6], γ = 8 (worked by hand): no match for the first token; then [3]
+    matches in the prompt and its continuation 4, 5 is accepted (3 is not: the reply says 6); after 6 and 3, [3]
+    matches latest in the reply, whose 4, 5, 6 are all accepted. 2 copied from the prompt, 3 from the reply."""
+    rec = {"kinds": ["grounded"], "prompts": [[1, 2, 3, 4, 5]], "replies": [[3, 4, 5, 6, 3, 4, 5, 6]]}
+    assert specload.copy_origins(rec, gamma=8) == {"grounded": {"prompt": 2, "reply": 3, "tokens": 8}}
+    assert specload.copy_origins(rec, gamma=1)["grounded"]["prompt"] == 1  # one token a round: 4 from the prompt
+
+
+def test_the_live_sweep_pairs_each_budget_with_no_speculation_by_seed():
+    """`serving_spec_live.compare_rows`: a budget whose TPOT is 0.8x off's in every one of 6 seeds is 1.25x faster,
+    with an interval around it and the verdict 'faster'; one equal to off in throughput is 'same within margin'."""
+    from labkit.benchmarks.serving_spec_live import compare_rows
+
+    rows = []
+    for seed in range(6):
+        base = {"tpot_mean_s": 0.03 + 0.001 * seed, "s_per_token": 0.01, "ttft_p50_s": 0.5, "drafted": 0, "accepted": 0}
+        mine = {**base, "tpot_mean_s": 0.8 * base["tpot_mean_s"], "drafted": 10, "accepted": 4}
+        rows += [{"drafter": "none", "budget": "off", "seed": seed, "live": base},
+                 {"drafter": "prompt lookup", "budget": "auto", "seed": seed, "live": mine}]
+    (row,) = compare_rows(rows, "live")
+    assert row["speed"]["x"] == pytest.approx(1.25) and row["speed"]["verdict"] == "faster"
+    assert row["speed"]["low"] <= 1.25 <= row["speed"]["high"]
+    assert row["throughput"]["verdict"] == "same within margin" and row["acceptance"] == pytest.approx(0.4)

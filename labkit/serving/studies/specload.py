@@ -23,7 +23,7 @@ from labkit.serving.studies.recorded import RecordedModel
 from labkit.serving.engine.request import Request
 from labkit.serving.studies.trace import summarize
 
-__all__ = ["workload_prompts", "serve_once", "record", "trace", "replay", "sweep", "capacity", "ratios", "ModelledHead", "only",
+__all__ = ["workload_prompts", "serve_once", "record", "trace", "replay", "sweep", "capacity", "ratios", "ModelledHead", "only", "copy_origins",
            "BUDGETS", "CHAT"]
 
 BUDGETS = ("off", "fixed:3", "vllm:8:3", "auto")
@@ -151,14 +151,15 @@ def trace(recorded: dict, rate: float, copies: int = 1, seed: int = 0) -> list[R
 
 def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off", copies: int = 1,
            policy: str = "chunked", max_batch: int = 16, token_budget: int = 128, seed: int = 0, model=None,
-           batch_invariant: bool = True, head: float | None = None, host_time: bool = False) -> dict:
+           batch_invariant: bool = True, head: float | None = None, host_time: bool = False, drafter=None) -> dict:
     """One replay: the summary (`trace.summarize`, plus drafted and accepted tokens and per-kind TPOT) and the
     requests served ("served"). `model`: serve with this model instead of the recording, to check the recording
     against it (`batch_invariant` as the recording was made, or False to time the default mode's passes);
     `pass_time` None: the wall time of each pass. `head`: draft with a `ModelledHead` of that acceptance instead of
     prompt lookup. `host_time`: the clock adds this machine's measured drafting, scheduling, verification
     and sampling to each pass's cost (`Engine`'s); False (the default) prices the passes alone: deterministic,
-    and an upper bound on what speculation gains, since drafting and verification are left out of it."""
+    and an upper bound on what speculation gains, since drafting and verification are left out of it.
+    `drafter`: draft with this object (a real head on `model`) instead; `budget` "off" still drafts nothing."""
     from labkit.speculative import PromptLookup
 
     reqs = trace(recorded, rate, copies, seed)
@@ -169,8 +170,8 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
     engine = Engine(model, policy=policy, max_batch=max_batch, token_budget=token_budget, block_size=16,
                     num_blocks=max_batch * (-(-longest // 16) + 1), prefix_cache=False, pass_time=pass_time,
                     host_time=host_time,
-                    drafter=None if budget == "off" else PromptLookup() if head is None else ModelledHead(
-                        recorded, head, seed), spec_budget=budget,
+                    drafter=None if budget == "off" else drafter if drafter is not None else PromptLookup()
+                    if head is None else ModelledHead(recorded, head, seed), spec_budget=budget,
                     batch_invariant=batch_invariant and not isinstance(model, RecordedModel))
     out = summarize(engine.replay(reqs), ttft_slo_s=2.0, itl_slo_s=0.1)
     steps = engine.steps
@@ -181,6 +182,31 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
         out[f"tpot_{kind}_s"] = sum((r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1)
                                     for r in per) / max(1, len(per))
     out["served"] = reqs
+    return out
+
+
+def copy_origins(recorded: dict, gamma: int = 8, lookup=None) -> dict:
+    """Where prompt lookup's accepted tokens come from, per kind of request: {kind: {"prompt": n, "reply": n,
+    "tokens": n}}. Each recorded reply is decoded again in one stream, greedy, drafting γ tokens a round with
+    `lookup` (default `PromptLookup()`): a draft is accepted as far as it equals the recorded reply (what greedy
+    verification accepts), and its accepted tokens count as copied from the prompt when the match's continuation
+    starts inside the prompt, from the reply itself (the model repeating its own text) when it starts later."""
+    from labkit.speculative import PromptLookup
+
+    lookup = PromptLookup() if lookup is None else lookup
+    out: dict = {}
+    for kind, prompt, reply in zip(recorded["kinds"], recorded["prompts"], recorded["replies"]):
+        row = out.setdefault(kind, {"prompt": 0, "reply": 0, "tokens": 0})
+        history, i = list(prompt), 0
+        while i < len(reply):
+            end = next((e for e in lookup.matches(history) if e < len(history)), None)
+            draft = [] if end is None else history[end:end + gamma]
+            n = next((j for j, (a, b) in enumerate(zip(draft, reply[i:])) if a != b), min(len(draft), len(reply) - i))
+            if n:
+                row["prompt" if end < len(prompt) else "reply"] += n
+            history += reply[i:i + n + 1]
+            i += n + 1
+        row["tokens"] += len(reply)
     return out
 
 

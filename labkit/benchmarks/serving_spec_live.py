@@ -1,0 +1,179 @@
+"""Speculation under load, live: the real engine on the wall clock with drafts, beside the replay of the same traces.
+
+`python -m labkit.benchmarks.serving_spec_live --json data/serving_spec_live.json` (chapter 09 section 16 reads it).
+SmolLM2-135M (float32, batch-invariant: the mode whose greedy replies are exact) serves the recorded requests of
+`data/serving_spec.json` (its replies cut to `NEW_TOKENS`), two traces of `N_REQ` requests each: input-grounded
+ones, and a mix of grounded and open chat. Each trace runs as `SEEDS` seeded Poisson traces at a low load and at
+saturation (arrival rate as a multiple of the capacity measured live: every request at once, no drafts), with
+no speculation and with each budget (fixed:3, fixed:8, auto), drafting with prompt lookup and with the MTP
+head. Every run is live: each step's whole work (drafting, scheduling, the pass, verification and sampling) on
+the wall clock, idle gaps skipped. Its replies must equal the recording; no block may leak.
+
+Beside each live run, the replay of the same trace (`specload.replay` on the recording, no model): its passes
+priced by this machine's pass costs measured in the batch-invariant mode, passes with drafted tokens on their
+own curve (`passcost.measure_pass_costs(..., verify_rows, gammas)`); the head replayed as a `ModelledHead`
+accepting what the live head accepted. The replay leaves out drafting and verification: the ratio shows it.
+
+Each speed-up (per-request decode speed, 1/TPOT; throughput; TTFT p50) is a paired comparison over the seeds
+(`labkit.measure.compare`: sign-test interval, which needs 6 seeds at 95 %).
+"""
+from __future__ import annotations
+
+TITLE = "Speculation under load, live on the wall clock (prompt lookup and the MTP head) beside the replay"
+
+N_REQ, NEW_TOKENS, SEEDS = 8, 48, 6
+LOADS = (0.1, 2.0)
+ENGINE = dict(max_batch=4, token_budget=64)
+BUDGETS = ("fixed:3", "fixed:8", "auto")
+METRICS = {"speed": "tpot_mean_s", "throughput": "s_per_token", "ttft_p50": "ttft_p50_s"}  # lower is better
+
+
+def traces(recorded: dict) -> dict:
+    """The two traces: N_REQ input-grounded requests; N_REQ / 2 grounded and N_REQ / 2 open chat. Replies cut to
+    NEW_TOKENS (a greedy reply's first tokens do not depend on where it stops)."""
+    from labkit.serving.studies import specload
+
+    def cut(rec, idx):
+        return {**rec, "kinds": [rec["kinds"][i] for i in idx], "prompts": [rec["prompts"][i] for i in idx],
+                "replies": [rec["replies"][i][:NEW_TOKENS] for i in idx], "max_new_tokens": NEW_TOKENS}
+
+    grounded, chat = specload.only(recorded, "grounded"), specload.only(recorded, "chat")
+    half = N_REQ // 2
+    mixed = {k: grounded[k][:half] + chat[k][:half] for k in ("kinds", "prompts", "replies")}
+    return {"grounded": cut(grounded, range(N_REQ)), "mixed": cut({**recorded, **mixed}, range(N_REQ))}
+
+
+def _summary(s: dict) -> dict:
+    keep = ("throughput_tok_s", "tpot_mean_s", "ttft_p50_s", "duration_s", "drafted", "accepted", "steps")
+    out = {k: s[k] for k in keep}
+    out["s_per_token"] = s["duration_s"] / s["output_tokens"]
+    return out
+
+
+def one_point(model, rec, cost, rate, seed, drafters, heads_alpha) -> list[dict]:
+    """Every configuration at one load and seed, live and replayed: rows {drafter, budget, live, replay, exact}."""
+    from labkit.serving.studies import specload
+
+    rows = []
+    for name, drafter in (("none", None), *drafters.items()):
+        for budget in (("off",) if drafter is None else BUDGETS):
+            live = specload.replay(rec, model.config, None, rate=rate, budget=budget, seed=seed, model=model,
+                                   drafter=drafter, **ENGINE)
+            served = live.pop("served")
+            exact = all(r.output == rec["replies"][r.id % len(rec["replies"])] for r in served)
+            head = heads_alpha.get(name) if name != "prompt lookup" else None
+            if name not in ("none", "prompt lookup") and live["drafted"]:
+                heads_alpha[name] = live["accepted"] / live["drafted"]
+                head = heads_alpha[name]
+            replayed = specload.replay(rec, model.config, cost, rate=rate, budget=budget, seed=seed,
+                                       head=head if drafter is not None and name != "prompt lookup" else None, **ENGINE)
+            replayed.pop("served")
+            rows.append({"drafter": name, "budget": budget, "seed": seed, "live": _summary(live),
+                         "replay": _summary(replayed), "exact": exact})
+    return rows
+
+
+def compare_rows(rows: list[dict], side: str) -> list[dict]:
+    """Each (drafter, budget) against no speculation, paired by seed: ratio of off's metric to its (>1: better)."""
+    from labkit import measure
+    from labkit.measure import Timing
+
+    off = {r["seed"]: r[side] for r in rows if r["budget"] == "off"}
+    out = []
+    for key in sorted({(r["drafter"], r["budget"]) for r in rows if r["budget"] != "off"}):
+        mine = {r["seed"]: r[side] for r in rows if (r["drafter"], r["budget"]) == key}
+        seeds = sorted(set(off) & set(mine))
+        row = {"drafter": key[0], "budget": key[1]}
+        for label, metric in METRICS.items():
+            a = Timing(f"{key[1]}", tuple(mine[s][metric] for s in seeds), run_id=1)
+            b = Timing("off", tuple(off[s][metric] for s in seeds), run_id=1)
+            c = measure.compare(a, b, margin=0.03)
+            row[label] = {"x": 1 / c.ratio, "low": 1 / c.high if c.high else float("inf"),
+                          "high": 1 / c.low if c.low else float("inf"), "verdict": c.verdict}
+        row["acceptance"] = sum(mine[s]["accepted"] for s in seeds) / max(1, sum(mine[s]["drafted"] for s in seeds))
+        out.append(row)
+    return out
+
+
+def run(quick: bool = False, checkpoint: str | None = None) -> dict:
+    import json
+
+    import labkit
+    from labkit.benchmarks.loading import source_ids
+    from labkit.data import data_path
+    from labkit.measure.clock import now
+    from labkit.serving.studies import specload
+    from labkit.serving.studies.passcost import measure_pass_costs, step_time
+    from labkit.speculative import PromptLookup
+    from labkit.speculative.mtp import MTPDrafter
+
+    model, tok = labkit.load("smollm2-135m")
+    recorded = json.loads(data_path("serving_spec.json").read_text())["results"]["recorded"]
+    t0 = now()
+    table = measure_pass_costs(model, decode_rows=(1, 2, 4), prefill_tokens=(32, 64), verify_rows=(1, 2, 4),
+                               gammas=(3, 8), source=source_ids(tok), context=128, repeats=3 if quick else 7,
+                               batch_invariant=True)
+    print(f"  pass costs, batch-invariant ({now() - t0:.0f} s): " + ", ".join(
+        f"{r['kind']} {r['tokens']} {r['seconds'] * 1e3:.1f} ms" for r in table))
+    cost = step_time(table)
+    drafters = {"prompt lookup": PromptLookup(), "mtp head": MTPDrafter.from_file(model)}
+    seeds = range(2 if quick else SEEDS)
+    report = {"n_requests": N_REQ, "new_tokens": NEW_TOKENS, "engine": ENGINE, "loads": LOADS, "seeds": len(seeds),
+              "pass_costs": table, "copy_origins": specload.copy_origins(recorded), "traces": {}}
+    for trace_name, rec in traces(recorded).items():
+        cap_run = specload.replay(rec, model.config, None, rate=float("inf"), model=model, **ENGINE)
+        cap = cap_run["requests"] / cap_run["duration_s"]
+        rows, alpha = [], {}
+        for load in LOADS:
+            for seed in seeds:
+                rows += [{"load": load, **r} for r in one_point(model, rec, cost, load * cap, seed, drafters, alpha)]
+                print(f"  {trace_name} load {load} seed {seed}: {now() - t0:.0f} s", flush=True)
+                if checkpoint:  # every run so far, so that a long sweep cut short loses nothing
+                    with open(checkpoint, "w") as f:
+                        json.dump({**report, "partial": {trace_name: rows}}, f, default=float)
+        per_load = {}
+        for load in LOADS:
+            at = [r for r in rows if r["load"] == load]
+            per_load[str(load)] = {"live": compare_rows(at, "live"), "replay": compare_rows(at, "replay")}
+        report["traces"][trace_name] = {"capacity_req_s": cap, "rows": rows, "compared": per_load,
+                                        "exact": all(r["exact"] for r in rows)}
+        show(trace_name, report["traces"][trace_name])
+    drafters["mtp head"].close()
+    return report
+
+
+def show(name: str, res: dict) -> None:
+    print(f"  {name} trace: capacity {res['capacity_req_s']:.2f} req/s live; every reply equal to the recording: "
+          f"{res['exact']}")
+    for load, both in res["compared"].items():
+        for live, rep in zip(both["live"], both["replay"]):
+            s, t = live["speed"], live["throughput"]
+            print(f"    load {load:>4s} {live['drafter']:13s} {live['budget']:8s} speed {s['x']:.2f}x "
+                  f"({s['low']:.2f}-{s['high']:.2f}, {s['verdict']}), throughput {t['x']:.2f}x ({t['low']:.2f}-"
+                  f"{t['high']:.2f}); replay {rep['speed']['x']:.2f}x / {rep['throughput']['x']:.2f}x; "
+                  f"acceptance {live['acceptance']:.2f}", flush=True)
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import platform
+
+    from labkit.costmodel.cpu import cpu_info, describe
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    print(f"on {describe()}")
+    report = {"machine": platform.platform(), "cpu": cpu_info(), "command": "python -m labkit.benchmarks.serving_spec_live",
+              "results": run(args.quick, args.json and args.json + ".partial")}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, default=float)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
