@@ -82,3 +82,40 @@ def test_a_server_drafts_with_a_head_and_counts_it_by_name():
     assert drafted > 0
     assert counts['labkit:spec_decode_num_draft_tokens_total{drafter="mtp"}'] == drafted
     assert counts['labkit:spec_decode_num_accepted_tokens_total{drafter="mtp"}'] == details.accepted_prediction_tokens
+
+
+def test_under_load_each_request_drafts_what_it_drafts_alone():
+    """Passes of at most 16 tokens (the batch-invariant mode's guarantee) and no prefix cache: every request's hidden
+    states are the bits it gets alone, so with the MTP head each drafts and has accepted exactly what it does served
+    alone. Rows routed to the wrong request would change the counts. Nothing is kept once the requests end."""
+    model, tok = smollm2()
+    drafter = MTPDrafter.from_file(model)
+    kw = dict(policy="chunked", max_batch=3, token_budget=16, batch_invariant=True, prefix_cache=False,
+              drafter=drafter, spec_budget="fixed:4")
+    try:
+        reqs = [Request(i, _chat(tok, p), 16, arrival=0.02 * i) for i, p in enumerate(PROMPTS)]
+        engine = Engine(model, **kw)
+        together = {r.id: (r.drafted, r.accepted, r.output) for r in engine.replay(reqs).requests}
+        assert not engine.speculator.heads.states, "the head kept state for requests that ended"
+        for i, p in enumerate(PROMPTS):
+            alone = Engine(model, **kw).replay([Request(i, _chat(tok, p), 16)]).requests[0]
+            assert together[i] == (alone.drafted, alone.accepted, alone.output), i
+    finally:
+        drafter.close()
+
+
+def test_a_request_that_misses_a_pass_drafts_again_from_its_last_state():
+    """Continuous batching runs a newcomer's prefill in a pass of its own, which the decoding request misses: the MTP
+    head must draft again from the state it kept, not fail the step."""
+    model, tok = smollm2()
+    drafter = MTPDrafter.from_file(model)
+    try:
+        reqs = lambda: [Request(0, _chat(tok, PROMPTS[0]), 20), Request(1, _chat(tok, PROMPTS[1]), 8, arrival=1e-3)]  # noqa: E731
+        kw = dict(policy="continuous", max_batch=2, token_budget=256, batch_invariant=True)
+        want = [r.output for r in Engine(model, **kw).replay(reqs()).requests]
+        engine = Engine(model, drafter=drafter, spec_budget="fixed:3", **kw)
+        replay = engine.replay(reqs())
+        assert [r.output for r in replay.requests] == want
+        assert any(len(s.rows) == 1 and s.rows[0][0] == 1 for s in replay.steps), "no prefill-only pass happened"
+    finally:
+        drafter.close()

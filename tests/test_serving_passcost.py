@@ -54,5 +54,8 @@ def test_verify_passes_are_measured_in_the_mode_asked_and_price_passes_with_draf
     plain, drafted = SimpleNamespace(draft=[]), SimpleNamespace(draft=[5, 6, 7])
     assert cost([(drafted, 4)]) == pytest.approx(next(r["seconds"] for r in verify if r["tokens"] == 4))
     assert cost([(plain, 1)]) == pytest.approx(next(r["seconds"] for r in table if r["kind"] == "decode" and r["tokens"] == 1))
+    flat = passcost.step_time([r for r in table if r["kind"] != "verify"])  # the plain curve alone
+    mixed = cost([(drafted, 4), (plain, 8)])  # a drafted row beside a prompt chunk: the chunk at the plain margin
+    assert mixed == pytest.approx(cost([(drafted, 4)]) + flat([(plain, 12)]) - flat([(plain, 4)]))
     with pytest.raises(ValueError, match="verify_rows and gammas go together"):
         passcost.measure_pass_costs(model, source=source, decode_rows=(1,), prefill_tokens=(8,), verify_rows=(1,))

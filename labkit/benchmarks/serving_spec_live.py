@@ -44,7 +44,7 @@ def traces(recorded: dict) -> dict:
 
 
 def _summary(s: dict) -> dict:
-    keep = ("throughput_tok_s", "tpot_mean_s", "ttft_p50_s", "duration_s", "drafted", "accepted", "steps")
+    keep = ("throughput_tok_s", "tpot_mean_s", "ttft_p50_s", "duration_s", "drafted", "accepted", "tested", "steps")
     out = {k: s[k] for k in keep}
     out["s_per_token"] = s["duration_s"] / s["output_tokens"]
     return out
@@ -61,12 +61,12 @@ def one_point(model, rec, cost, rate, seed, drafters, heads_alpha) -> list[dict]
                                    drafter=drafter, **ENGINE)
             served = live.pop("served")
             exact = all(r.output == rec["replies"][r.id % len(rec["replies"])] for r in served)
-            head = heads_alpha.get(name) if name != "prompt lookup" else None
-            if name not in ("none", "prompt lookup") and live["drafted"]:
-                heads_alpha[name] = live["accepted"] / live["drafted"]
-                head = heads_alpha[name]
-            replayed = specload.replay(rec, model.config, cost, rate=rate, budget=budget, seed=seed,
-                                       head=head if drafter is not None and name != "prompt lookup" else None, **ENGINE)
+            head = None  # the replay's drafter: prompt lookup itself, or a modelled head accepting what the live one did
+            if drafter is not None and name != "prompt lookup":
+                if live["tested"]:  # per drafted token, given the ones before it were accepted: ModelledHead's rate
+                    heads_alpha[name] = live["accepted"] / live["tested"]
+                head = heads_alpha.get(name, 0.0)
+            replayed = specload.replay(rec, model.config, cost, rate=rate, budget=budget, seed=seed, head=head, **ENGINE)
             replayed.pop("served")
             rows.append({"drafter": name, "budget": budget, "seed": seed, "live": _summary(live),
                          "replay": _summary(replayed), "exact": exact})

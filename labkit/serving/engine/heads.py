@@ -32,7 +32,11 @@ KINDS = {MTPDrafter: "mtp", ZeroCopyDrafter: "zero-copy", MedusaDrafter: "medusa
 
 def is_head(drafter) -> bool:
     """Whether `drafter` drafts from the target's hidden states (one of the heads `HeadDrafts` serves)."""
-    return type(drafter) in KINDS
+    return isinstance(drafter, tuple(KINDS))
+
+
+def _kind(drafter) -> str:
+    return next(kind for cls, kind in KINDS.items() if isinstance(drafter, cls))
 
 
 class _State:
@@ -56,7 +60,7 @@ class HeadDrafts:
         if not is_head(drafter):
             raise TypeError(f"drafter must be one of {[c.__name__ for c in KINDS]}, got {type(drafter).__name__}")
         self.drafter, self.paged = drafter, paged
-        self.kind = KINDS[type(drafter)]
+        self.kind = _kind(drafter)
         self.states: dict = {}
         self.steps = 0  # head steps run (a chained head runs one per drafted token, Medusa one per draft)
 
@@ -69,9 +73,15 @@ class HeadDrafts:
         """After a pass: rows [(request, tokens it ran, of which verified, the position of its first)] in the pass's
         order. Keeps each request's verified hidden states (a gap or a step back starts its states again)."""
         hidden = self.drafter._hidden  # [N, d]: the last block's output for every token of the pass
+        if hidden is None or hidden.shape[0] != sum(n for _, n, _, _ in rows):
+            raise RuntimeError(f"the head's tap holds {None if hidden is None else hidden.shape[0]} hidden states; the "
+                               f"pass ran {sum(n for _, n, _, _ in rows)} tokens (was the target run through its hooks?)")
         at = 0
         for req, n, verified, position in rows:
             rows_h, at = hidden[at:at + verified], at + n
+            if req.constraint is not None:  # a request under a format constraint never drafts: keep nothing for it
+                self.states.pop(req.id, None)
+                continue
             if not verified:
                 continue
             st = self.states.setdefault(req.id, _State(position))
@@ -101,6 +111,8 @@ class HeadDrafts:
                 st.cache = new_cache("contiguous", self.drafter.head.config, dtype=target.dtype, device=target.device,
                                      max_len=len(req.prompt) + req.max_new_tokens + 1 - st.offset)
             tokens = mtp_chain(self.drafter.head, target, st.cache, st.start, st.hidden, history, gamma, st.offset)
-            st.start, st.hidden = st.start + st.hidden.shape[0], st.hidden[:0]  # handed to the head's cache
+            # handed to the head's cache; the last verified row is kept, so a request that misses the next pass
+            # drafts again from it (the chain cuts the cache back to its position and feeds it once more)
+            st.start, st.hidden = st.start + st.hidden.shape[0] - 1, st.hidden[-1:].clone()
         self.steps += len(tokens)
         return tokens

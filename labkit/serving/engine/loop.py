@@ -156,6 +156,8 @@ class Engine:
                     self._emit(req, tokens, end)
                 for req, _ in rows:
                     req.draft, req.draft_q = [], None
+                if self.speculator is not None:  # a head forgets the requests that ended
+                    self.speculator.settle(self.scheduler)
         step = Step.after(len(self.steps), now, self._end(now, clock, sw, pass_s), rows, self.scheduler)
         step.drafted, step.accepted = drafted, accepted
         step.parts = sw.totals()

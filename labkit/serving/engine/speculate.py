@@ -61,8 +61,13 @@ class Speculator:
     def observe(self, rows) -> None:
         """After a pass: [(request, tokens it ran, of which verified, position of its first)] (a head keeps the
         verified hidden states; the other drafters read the tokens alone)."""
-        if self.heads is not None:
+        if self.heads is not None and self.budget.gamma_max > 0:
             self.heads.observe(rows)
+
+    def settle(self, scheduler) -> None:
+        """After a step: a head drops what it kept for requests that are no longer running."""
+        if self.heads is not None:
+            self.heads.forget({req.id for req in scheduler.running})
 
     def propose(self, scheduler) -> None:
         """Ask the drafter for every decoding request's candidate tokens (up to the budget's `gamma_max`, never past

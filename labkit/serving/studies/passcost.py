@@ -128,16 +128,19 @@ def _curve(table: list[dict], pool: bool = False):
 
 
 def step_time(table: list[dict]):
-    """`step_time(rows) -> seconds` for `studies.simulate`: the measured cost of a pass of that many tokens; a pass
-    with drafted tokens in it (a row whose request has a `draft`) on the verify passes' curve, where measured."""
+    """`step_time(rows) -> seconds` for `studies.simulate`: the measured cost of a pass of that many tokens. Where the
+    table has verify passes, the rows carrying drafted tokens (a request with a `draft`: 1 + k tokens, every logit
+    kept) are priced on their curve and the pass's other tokens at the plain curve's cost beyond them."""
     if not table:
         raise ValueError("table must hold at least one measured pass (from measure_pass_costs)")
     plain = _curve([r for r in table if r["kind"] != "verify"] or table)
     verify = [r for r in table if r["kind"] == "verify"]
-    drafted = _curve(verify, pool=True) if verify else plain
+    one = [r for r in table if r["kind"] == "decode" and r["tokens"] == 1]  # a one-token pass is all kinds at once
+    drafted = _curve(one + verify, pool=True) if verify else None
 
     def cost(rows) -> float:
         n = sum(k for _, k in rows)
-        return (drafted if any(getattr(req, "draft", None) for req, _ in rows) else plain)(n)
+        d = sum(k for req, k in rows if getattr(req, "draft", None)) if drafted is not None else 0
+        return plain(n) if not d else drafted(d) + plain(n) - plain(d)
 
     return cost
