@@ -1,7 +1,7 @@
-"""Loading a benchmark's model, or saying why the benchmark is skipped."""
+"""Loading a benchmark's model, or saying why the benchmark is skipped; writing its report."""
 from __future__ import annotations
 
-__all__ = ["load_or_skip", "source_ids"]
+__all__ = ["load_or_skip", "source_ids", "write_report"]
 
 
 def load_or_skip(name: str, **kwargs):
@@ -21,3 +21,13 @@ def source_ids(tok, chars: int = 60_000) -> list[int]:
     from labkit.data import data_path
 
     return tok.encode(data_path("shakespeare_val.txt").read_text()[:chars])
+
+
+def write_report(path: str | None, report: dict) -> None:
+    """Write a bench's report (figures and the machine) as JSON to `path`, and say so; nothing without a path."""
+    import json
+
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, default=float)
+        print(f"wrote {path}")

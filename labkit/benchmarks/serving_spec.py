@@ -161,10 +161,9 @@ def main(argv=None) -> int:
         reuse = old["results"]
         report.update(machine=old["machine"], cpu=old["cpu"])
     report["results"] = section(model, tok, args.quick, reuse)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, default=float)
-        print(f"wrote {args.json}")
+    from labkit.benchmarks.loading import write_report
+
+    write_report(args.json, report)
     return 0
 
 

@@ -156,7 +156,6 @@ def show(name: str, res: dict) -> None:
 
 def main(argv=None) -> int:
     import argparse
-    import json
     import platform
 
     from labkit.costmodel.cpu import cpu_info, describe
@@ -168,10 +167,9 @@ def main(argv=None) -> int:
     print(f"on {describe()}")
     report = {"machine": platform.platform(), "cpu": cpu_info(), "command": "python -m labkit.benchmarks.serving_spec_live",
               "results": run(args.quick, args.json and args.json + ".partial")}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, default=float)
-        print(f"wrote {args.json}")
+    from labkit.benchmarks.loading import write_report
+
+    write_report(args.json, report)
     return 0
 
 

@@ -109,10 +109,11 @@ def mtp_chain(head: MTPHead, target, cache, start: int, h: torch.Tensor, history
     `offset`: the position the cache's first slot holds (a request whose prefix came from the prefix cache has no
     hidden states before it); RoPE scores depend on distances only, so the shifted slots attend exactly alike."""
     keep = h.shape[0]
-    if keep < 1 or not offset <= start <= offset + cache.seq_len or gamma < 0:
-        raise ValueError(f"mtp_chain needs at least one verified hidden state (got {keep}), start in [offset, offset + "
-                         f"the cache's {cache.seq_len} slots] (got start={start}, offset={offset}) and gamma >= 0 "
-                         f"(got {gamma})")
+    if keep < 1 or start < offset or gamma < 0:
+        raise ValueError(f"mtp_chain needs at least one verified hidden state (got {keep}), start >= offset (got "
+                         f"start={start}, offset={offset}) and gamma >= 0 (got {gamma})")
+    # a start past the cache's end (one stream: a round that drafted nothing, so the head never saw that pass) leaves
+    # the positions between out of the head's context; its drafts are only guesses, verification keeps them exact
     cache.truncate(min(cache.seq_len, start - offset))
     nxt = torch.tensor([history[start + 1:start + 1 + keep]], device=h.device)
     out = head(target, h[None], nxt, cache)[:, -1:]  # [1, 1, d]: predicts history[-1]'s successor
