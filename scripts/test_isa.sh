@@ -16,7 +16,8 @@ tests=(tests/test_batch_invariance.py tests/test_speculative_tree.py tests/test_
        tests/test_speculative_heads.py tests/test_quant_linear.py tests/test_quant_intdot.py
        tests/test_smollm2_parity.py tests/test_gguf_native.py tests/test_lean_step.py tests/test_model.py
        tests/test_serving_speculative.py tests/test_serving_specload.py tests/test_compressed_attention.py
-       tests/test_compiled_step.py tests/test_gemma3.py tests/test_q4q8.py tests/test_exported_step.py)
+       tests/test_compiled_step.py tests/test_gemma3.py tests/test_q4q8.py tests/test_exported_step.py
+       tests/test_serving_heads.py)
 for isa in "${isas[@]}"; do
     vars=$(isa_env "$isa")
     echo "test-isa: $isa ($vars)"
