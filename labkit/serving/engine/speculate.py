@@ -75,8 +75,6 @@ class Speculator:
         (`Scheduler.choose_drafts`, with this budget): it owns every token of a pass."""
         for req in list(scheduler.running) + list(scheduler.waiting):
             req.draft, req.draft_q = [], None
-        if self.heads is not None:
-            self.heads.forget({req.id for req in scheduler.running})
         if self.budget.gamma_max == 0:
             return
         for req in scheduler.running:
