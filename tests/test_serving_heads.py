@@ -58,6 +58,22 @@ def test_greedy_replies_with_a_head_equal_the_engine_without_drafts_under_load(h
     assert not engine.speculator.heads.states or set(engine.speculator.heads.states) <= {r.id for r in replay.requests}
 
 
+def test_under_auto_a_head_drafts_only_the_tokens_the_budget_keeps():
+    """The budget decides before the head drafts: every head step makes a token that is verified (none is drafted
+    and thrown away), and what drafting took reaches the budget as its per-token cost."""
+    model, tok = smollm2()
+    drafter = MTPDrafter.from_file(model)
+    try:
+        engine = Engine(model, drafter=drafter, spec_budget="auto", policy="chunked", max_batch=3, token_budget=48,
+                        batch_invariant=True)
+        replay = engine.replay([Request(i, _chat(tok, p), 16, arrival=0.05 * i) for i, p in enumerate(PROMPTS)])
+    finally:
+        drafter.close()
+    drafted = sum(r.drafted for r in replay.requests)
+    assert drafted > 0 and engine.speculator.heads.steps == drafted
+    assert engine.speculator.budget.draft_cost() > 0
+
+
 def test_a_server_drafts_with_a_head_and_counts_it_by_name():
     import urllib.request
 

@@ -45,6 +45,7 @@ def test_the_recorded_replay_is_the_engine_with_the_real_model(shakespeare, reco
     for r in replayed.pop("served"):
         assert r.output == served[r.id].output == recorded["replies"][r.id]
         assert r.token_times == served[r.id].token_times  # the same passes at the same (modelled) times
+    assert real.pop("draft_s") >= 0 and replayed.pop("draft_s") >= 0  # the drafting timed on this machine's clock
     assert replayed == real
     assert (real["drafted"] > 0) == (budget != "off")
 
@@ -201,3 +202,17 @@ def test_the_live_sweep_pairs_each_budget_with_no_speculation_by_seed():
     assert row["speed"]["x"] == pytest.approx(1 / 0.8, rel=1e-3) and row["speed"]["verdict"] == "faster"
     assert 1 / 0.84 <= row["speed"]["low"] < 1.25 < row["speed"]["high"] <= 1 / 0.76
     assert row["throughput"]["verdict"] == "same within margin" and row["acceptance"] == pytest.approx(0.4)
+
+
+def test_a_modelled_heads_drafting_is_on_the_replays_clock(shakespeare, recorded):  # noqa: F811
+    """A modelled head drafts after the budget's decision, and each drafted token adds `head_step_s` to its pass: with
+    every request there at once (no idle gap), the run takes that much longer per drafted token, and its budget is
+    told the same seconds."""
+    model, _ = shakespeare
+    opts = dict(rate=float("inf"), budget="fixed:3", max_batch=3, token_budget=16, head=0.5)
+    free = specload.replay(recorded, model.config, _cost, **opts)
+    paid = specload.replay(recorded, model.config, _cost, head_step_s=0.01, **opts)
+    assert paid["drafted"] == free["drafted"] > 0
+    assert paid["duration_s"] - free["duration_s"] == pytest.approx(0.01 * paid["drafted"])
+    with pytest.raises(ValueError, match="step_s"):
+        specload.ModelledHead(recorded, 0.5, step_s=-1)

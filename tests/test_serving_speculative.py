@@ -266,6 +266,19 @@ def test_the_load_aware_budget_drafts_where_the_pass_is_flat_and_not_where_it_is
     assert ks == [1] * 8  # by hand: 0.6·18 > 8·1 keeps every first token; then 0.36·26 < 12.8·1 stops
 
 
+def test_the_load_aware_budget_charges_a_heads_drafting_to_the_tokens_it_keeps():
+    """D, the measured seconds of drafting one token after the decision (a head's step), is part of a kept token's
+    cost. Flat 10 ms passes, 8 requests at α = 0.6: with D = 0 every drafted token is kept; with D = 0.5 ms each
+    first token is (0.6·T > E·D while T ≤ 14 ms, E ≤ 12.8), no second one (0.36·14 < 12.8·0.5); with D = 10 ms none."""
+    drafts = [(_req(i), 4) for i in range(8)]
+    for seconds, want in ((0.0, [4] * 8), (0.0005, [1] * 8), (0.010, [0] * 8)):
+        budget = _measured(LoadAware(cost=lambda rows: 0.010), {i: 0.6 for i in range(8)})
+        if seconds:
+            budget.observe_draft(4, 4 * seconds)
+        assert budget.draft_cost() == pytest.approx(seconds)
+        assert budget.choose(drafts, batch=8) == want, seconds
+
+
 def test_the_load_aware_budget_favours_the_request_that_is_accepted():
     budget = _measured(LoadAware(cost=lambda rows: 0.010 + 0.0015 * sum(n for _, n in rows)), {0: 0.95, 1: 0.05})
     ks = budget.choose([(_req(0), 4), (_req(1), 4)], batch=2)

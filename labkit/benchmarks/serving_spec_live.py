@@ -12,7 +12,9 @@ the wall clock, idle gaps skipped. Its replies must equal the recording; no bloc
 Beside each live run, the replay of the same trace (`specload.replay` on the recording, no model): its passes
 priced by this machine's pass costs measured in the batch-invariant mode, passes with drafted tokens on their
 own curve (`passcost.measure_pass_costs(..., verify_rows, gammas)`); the head replayed as a `ModelledHead`
-accepting what the live head accepted. The replay leaves out drafting and verification: the ratio shows it.
+accepting what the live head accepted, each drafted token priced at the drafting seconds per token the live run
+measured (the head drafts after the budget's decision, live and replayed). The replay leaves out verification and
+prompt lookup's drafting: the ratio shows it.
 
 Each speed-up (per-request decode speed, 1/TPOT; throughput; TTFT p50) is a paired comparison over the seeds
 (`labkit.measure.compare`: sign-test interval, which needs 6 seeds at 95 %).
@@ -44,7 +46,8 @@ def traces(recorded: dict) -> dict:
 
 
 def _summary(s: dict) -> dict:
-    keep = ("throughput_tok_s", "tpot_mean_s", "ttft_p50_s", "duration_s", "drafted", "accepted", "tested", "steps")
+    keep = ("throughput_tok_s", "tpot_mean_s", "ttft_p50_s", "duration_s", "drafted", "accepted", "tested", "steps",
+            "draft_s")
     out = {k: s[k] for k in keep}
     out["s_per_token"] = s["duration_s"] / s["output_tokens"]
     return out
@@ -61,12 +64,13 @@ def one_point(model, rec, cost, rate, seed, drafters, heads_alpha) -> list[dict]
                                    drafter=drafter, **ENGINE)
             served = live.pop("served")
             exact = all(r.output == rec["replies"][r.id % len(rec["replies"])] for r in served)
-            head = None  # the replay's drafter: prompt lookup itself, or a modelled head accepting what the live one did
+            head, step_s = None, 0.0  # the replay's drafter: prompt lookup, or a modelled head as the live one ran
             if drafter is not None and name != "prompt lookup":
                 if live["tested"]:  # per drafted token, given the ones before it were accepted: ModelledHead's rate
-                    heads_alpha[name] = live["accepted"] / live["tested"]
-                head = heads_alpha.get(name, 0.0)
-            replayed = specload.replay(rec, model.config, cost, rate=rate, budget=budget, seed=seed, head=head, **ENGINE)
+                    heads_alpha[name] = (live["accepted"] / live["tested"], live["draft_s"] / live["drafted"])
+                head, step_s = heads_alpha.get(name, (0.0, 0.0))
+            replayed = specload.replay(rec, model.config, cost, rate=rate, budget=budget, seed=seed, head=head,
+                                       head_step_s=step_s, **ENGINE)
             replayed.pop("served")
             rows.append({"drafter": name, "budget": budget, "seed": seed, "live": _summary(live),
                          "replay": _summary(replayed), "exact": exact})

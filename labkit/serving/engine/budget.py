@@ -5,7 +5,7 @@ its budget, before every pass, how many of each decoding request's drafted token
 pass. A drafted token takes a slot in the pass like any other token; it pays only if it is
 accepted, so what is worth verifying depends on the acceptance and on what a slot costs, which
 depends on the load. One interface (`choose`, plus what the engine tells the budget after each
-pass: `observe_pass`, `observe`), four policies:
+pass: `observe_pass`, `observe`, `observe_draft`), four policies:
 
 - `Off()`: never draft (the engine without speculation);
 - `Fixed(gamma)`: every decoding request verifies up to γ drafted tokens, whatever the load;
@@ -32,9 +32,11 @@ E = b tokens. The j-th drafted token of request i emits α_i^j more tokens on av
 accepted only if the j − 1 before it were) and makes the pass one token longer. Candidates are
 taken in order of α_i^j, and one is kept when it raises the pass's rate of emitted tokens:
 
-    keep the token  iff  α_i^j / (T(N + 1) − T(N))  >  E / T(N)
+    keep the token  iff  α_i^j / (T(N + 1) − T(N) + D)  >  E / (T(N) + D·K)
 
-(N and E the pass so far, both growing with every kept token), and only while the pass has a slot
+(N and E the pass so far, K its kept drafted tokens, all growing with every kept token; D the measured
+seconds drafting one token takes when the drafter drafts after this decision, as a head does: one head step
+per token. Prompt lookup drafts before it, in microseconds, and D is 0), and only while the pass has a slot
 no prompt token is waiting for (`room`). When prompt tokens fill the token budget, a drafted token
 would displace one: the prompt token must still run later, so the work grows by a token for a
 saving of α_i^j < 1 token of decoding, a loss whatever T is (the batch capacity DSpark's argument
@@ -86,6 +88,9 @@ class SpecBudget:
 
     def observe(self, req, drafted: int, accepted: int) -> None:
         """`req` had `drafted` tokens verified this pass, of which the first `accepted` were accepted."""
+
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        """A drafter that drafts after the decision (a head) took `seconds` to draft the `tokens` kept this pass."""
 
     def __repr__(self) -> str:
         return self.name
@@ -146,11 +151,21 @@ class LoadAware(SpecBudget):
         self.tested = self.accepted = 0    # pooled over every request verified
         self.idle: dict = {}               # request id -> passes since it last verified a drafted token
         self.since = 0                     # passes since any request verified one
+        self.drafts: deque = deque(maxlen=64)  # (tokens, seconds) of the recent drafting phases (`observe_draft`)
 
     # ---- measured inputs -------------------------------------------------------------------
 
     def observe_pass(self, tokens: int, seconds: float, rows: int | None = None) -> None:
         self.passes.append((tokens, seconds, tokens if rows is None else rows))
+
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        self.drafts.append((tokens, seconds))
+
+    def draft_cost(self) -> float:
+        """D: the seconds one kept drafted token's drafting takes, over the recent drafting phases of a drafter that
+        drafts after the decision (0 for one that drafts before it, as prompt lookup: that work is done either way)."""
+        tokens = sum(t for t, _ in self.drafts)
+        return sum(s for _, s in self.drafts) / tokens if tokens else 0.0
 
     def observe(self, req, drafted: int, accepted: int) -> None:
         a = self.alpha(req)
@@ -221,7 +236,8 @@ class LoadAware(SpecBudget):
         alphas = [self.alpha(req) for req, _ in drafts]
         rows = len(drafts) if decoding is None else max(decoding, len(drafts))
         room = float("inf") if room is None else room
-        cost = self._pass_time(drafts, riding, rows, planned)
+        pass_time, d = self._pass_time(drafts, riding, rows, planned), self.draft_cost()
+        cost = None if pass_time is None else (lambda ks: pass_time(ks) + d * sum(ks))  # the step: pass + drafting
         t_n = None if cost is None else cost(ks)
         if t_n is None or any(a is None for a in alphas):  # nothing to decide from yet: probe one token each
             ks = [min(1, m) for _, m in drafts]

@@ -92,12 +92,17 @@ class HeadDrafts:
             if self.kind != "mtp":  # the other heads read the last verified state only
                 st.start, st.hidden = st.start + st.hidden.shape[0] - 1, st.hidden[-1:].clone()
 
+    def ready(self, req) -> bool:
+        """Whether `req` has a verified hidden state that ends where the request does (it ran a pass since its last
+        token), so its head can draft now."""
+        st = self.states.get(req.id)
+        return st is not None and st.hidden is not None and st.start + st.hidden.shape[0] == len(req.tokens) - 1
+
     def propose(self, req, gamma: int) -> list[int]:
         """Up to γ greedy tokens after `req`'s last one, from the hidden state before it (see the module doc)."""
-        st = self.states.get(req.id)
-        history = req.tokens
-        if st is None or st.hidden is None or st.start + st.hidden.shape[0] != len(history) - 1:
+        if not self.ready(req):
             return []  # no verified state that ends where the request does (it has not run a pass since)
+        st, history = self.states[req.id], req.tokens
         target = self.drafter.target
         if self.kind == "medusa":
             tokens = medusa_guess(self.drafter.head, target, st.hidden[-1], gamma)

@@ -135,8 +135,6 @@ class Scheduler:
         `now`: the clock (static batching waits up to `max_wait_s` for a full batch);
         `draining`: no more requests will arrive (static batching stops waiting).
         """
-        if self.spec_budget is not None:
-            self.choose_drafts()
         if self.policy == "static":
             return self._static(now, draining)
         if self.policy == "continuous":
@@ -145,20 +143,28 @@ class Scheduler:
             return self._orca()
         return self._chunked()
 
-    def choose_drafts(self) -> None:
-        """Cut each decoding request's drafts to what the budget keeps, shown this pass as planned: a row of one token
-        per decoding request, the prompt rows riding along (`_riding`) and the slots no prompt token waits for."""
-        decoding = [r for r in self.running if r.prefilled and r.n_uncached == 1]
-        if not (drafted := [r for r in decoding if r.draft]):
-            return
+    def decoding(self) -> list[Request]:
+        """The running requests that decode in the next pass (their prompt cached, one token to run)."""
+        return [r for r in self.running if r.prefilled and r.n_uncached == 1]
+
+    def choose_drafts(self, wanted: list[tuple[Request, int]]) -> list[int]:
+        """How many drafted tokens each decoding request may have verified in the next pass: per (request, tokens it
+        has or could have drafted), the budget's choice, shown the pass as planned: a row of one token per decoding
+        request, the prompt rows riding along (`_riding`) and the slots no prompt token waits for. Called before
+        `schedule` (by the engine's `Speculator`): a drafter whose every token costs work (a head) then drafts only
+        the tokens kept; drafts already made are cut to them."""
+        decoding, ks = self.decoding(), [0] * len(wanted)
+        some = [i for i, (_, n) in enumerate(wanted) if n > 0]
+        if self.spec_budget is None or not some:
+            return ks
         riding = self._riding(self.token_budget - len(decoding))
         n_riding = sum(n for _, n in riding)
-        ks = self.spec_budget.choose([(r, len(r.draft)) for r in drafted], batch=len(self.running), riding=n_riding,
-                                     decoding=len(decoding), room=max(0, self.token_budget - len(decoding) - n_riding),
-                                     planned=[(r, 1) for r in decoding] + riding)
-        for req, k in zip(drafted, ks):
-            req.draft = req.draft[:k]
-            req.draft_q = None if req.draft_q is None or not k else req.draft_q[:k]
+        chosen = self.spec_budget.choose([wanted[i] for i in some], batch=len(self.running), riding=n_riding,
+                                         decoding=len(decoding), room=max(0, self.token_budget - len(decoding) - n_riding),
+                                         planned=[(r, 1) for r in decoding] + riding)
+        for i, k in zip(some, chosen):
+            ks[i] = k
+        return ks
 
     def _riding(self, budget: int) -> list[tuple[Request, int]]:
         """The prompt rows that would ride with the decoding rows, within `budget`: running requests' next chunks, then

@@ -23,6 +23,8 @@ a draft ends at its first stop token (nothing after it could be emitted).
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from labkit.sampling import process_logits
@@ -70,26 +72,46 @@ class Speculator:
             self.heads.forget({req.id for req in scheduler.running})
 
     def propose(self, scheduler) -> None:
-        """Ask the drafter for every decoding request's candidate tokens (up to the budget's `gamma_max`, never past
-        the reply's end or a stop token). How many of them the pass verifies is the scheduler's decision
-        (`Scheduler.choose_drafts`, with this budget): it owns every token of a pass."""
+        """Drafts for every decoding request, as many as the scheduler keeps (`Scheduler.choose_drafts`, with this
+        budget: it owns every token of a pass), never past the reply's end or a stop token. Prompt lookup or a draft
+        model drafts up to the budget's `gamma_max` first and is cut to what is kept (the decision reads the draft's
+        length). A head (every token one step of its own) is asked after the decision, for the kept tokens only, and
+        what its drafting took is measured for the budget (`observe_draft`): it pays for no token thrown away. A drafter
+        with `drafts_after_budget = True` (`specload.ModelledHead`, a head's model) is asked in that order too."""
         for req in list(scheduler.running) + list(scheduler.waiting):
             req.draft, req.draft_q = [], None
         if self.budget.gamma_max == 0:
             return
-        for req in scheduler.running:
-            if not (req.prefilled and req.n_uncached == 1 and req.constraint is None):
-                continue
-            room = min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1)
-            if room > 0:
-                if self.heads is not None:
-                    tokens, q = self.heads.propose(req, room), None
-                else:
-                    tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
-                tokens = list(tokens)[:room]
-                stop = next((i + 1 for i, t in enumerate(tokens) if t in req.stop_ids), len(tokens))
-                req.draft = tokens[:stop]  # nothing after a stop token is drafted: the reply would end there
-                req.draft_q = None if q is None or not req.draft else q[:len(req.draft)]
+        rooms = [(req, min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1))
+                 for req in scheduler.decoding() if req.constraint is None]
+        rooms = [(req, room) for req, room in rooms if room > 0]
+        if self.heads is None and not getattr(self.drafter, "drafts_after_budget", False):
+            for req, room in rooms:
+                tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
+                self._keep(req, list(tokens)[:room], q)
+            ks = scheduler.choose_drafts([(req, len(req.draft)) for req, _ in rooms])
+            for (req, _), k in zip(rooms, ks):
+                req.draft, req.draft_q = req.draft[:k], None if req.draft_q is None or not k else req.draft_q[:k]
+            return
+        heads = self.heads
+        ks = scheduler.choose_drafts([(req, room if heads is None or heads.ready(req) else 0) for req, room in rooms])
+        start, made = time.perf_counter(), 0
+        for (req, _), k in zip(rooms, ks):
+            if k:
+                tokens, q = (heads.propose(req, k), None) if heads is not None else \
+                    self.drafter.propose(req.tokens, k, req.params, req.generator)
+                self._keep(req, list(tokens)[:k], q)
+                made += len(req.draft)
+        if made:  # a modelled head says what its drafting would take; a real one is timed
+            seconds = self.drafter.draft_seconds(made) if hasattr(self.drafter, "draft_seconds") else None
+            self.budget.observe_draft(made, time.perf_counter() - start if seconds is None else seconds)
+
+    @staticmethod
+    def _keep(req, tokens: list[int], q) -> None:
+        """`req`'s draft: `tokens` up to the first stop token (nothing after it could be emitted: the reply ends)."""
+        stop = next((i + 1 for i, t in enumerate(tokens) if t in req.stop_ids), len(tokens))
+        req.draft = tokens[:stop]
+        req.draft_q = None if q is None or not req.draft else q[:len(req.draft)]
 
     def verify(self, req, logits: torch.Tensor) -> tuple[int, int]:
         """(drafted tokens accepted, the target's token after them) for `req`'s row: logits [k + 1, V]."""

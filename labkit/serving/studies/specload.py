@@ -73,14 +73,21 @@ class ModelledHead:
 
     A model of a head, not a head: it knows each request's recorded reply (`recorded`, from `record`) and proposes
     its next tokens, turning each wrong with probability 1 − `acceptance`; after a wrong token, the rest follow it.
-    It lets a sweep ask what a head of a given acceptance would do under load, on the same requests."""
+    It lets a sweep ask what a head of a given acceptance would do under load, on the same requests. Like a head in
+    the engine it is asked after the budget's decision (`drafts_after_budget`), and `step_s`, the seconds one drafted
+    token's head step takes (measured live), is what it tells the budget its drafting took (`draft_seconds`); the
+    replay adds it to the clock (`replay(head_step_s=...)`)."""
 
-    def __init__(self, recorded: dict, acceptance: float, seed: int = 0):
+    drafts_after_budget = True
+
+    def __init__(self, recorded: dict, acceptance: float, seed: int = 0, step_s: float = 0.0):
         import random
 
         if not (isinstance(acceptance, (int, float)) and 0 <= acceptance <= 1):
             raise ValueError(f"acceptance must be a number in [0, 1], got {acceptance!r}")
-        self.acceptance, self.rng = float(acceptance), random.Random(seed)
+        if not (isinstance(step_s, (int, float)) and step_s >= 0):
+            raise ValueError(f"step_s must be a number of seconds >= 0, got {step_s!r}")
+        self.acceptance, self.rng, self.step_s = float(acceptance), random.Random(seed), float(step_s)
         self.replies = {tuple(p): list(r) for p, r in zip(recorded["prompts"], recorded["replies"])}
         self.lengths = sorted({len(p) for p in recorded["prompts"]})
 
@@ -93,6 +100,10 @@ class ModelledHead:
             right = right and self.rng.random() < self.acceptance
             tokens.append(t if right else t - 1 if t > 0 else t + 1)  # a wrong token: any other id
         return tokens, None
+
+    def draft_seconds(self, tokens: int) -> float:
+        """What drafting `tokens` tokens would take the head this models: one step of `step_s` each."""
+        return tokens * self.step_s
 
 
 def serve_once(model, tok, texts: list[str], max_new_tokens: int, *, max_batch: int = 16, min_token_budget: int = 512,
@@ -151,7 +162,8 @@ def trace(recorded: dict, rate: float, copies: int = 1, seed: int = 0) -> list[R
 
 def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off", copies: int = 1,
            policy: str = "chunked", max_batch: int = 16, token_budget: int = 128, seed: int = 0, model=None,
-           batch_invariant: bool = True, head: float | None = None, host_time: bool = False, drafter=None) -> dict:
+           batch_invariant: bool = True, head: float | None = None, host_time: bool = False, drafter=None,
+           head_step_s: float = 0.0) -> dict:
     """One replay: the summary (`trace.summarize`, plus drafted and accepted tokens and per-kind TPOT) and the
     requests served ("served"). `model`: serve with this model instead of the recording, to check the recording
     against it (`batch_invariant` as the recording was made, or False to time the default mode's passes);
@@ -159,7 +171,9 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
     prompt lookup. `host_time`: the clock adds this machine's measured drafting, scheduling, verification
     and sampling to each pass's cost (`Engine`'s); False (the default) prices the passes alone: deterministic,
     and an upper bound on what speculation gains, since drafting and verification are left out of it.
-    `drafter`: draft with this object (a real head on `model`) instead; `budget` "off" still drafts nothing."""
+    `drafter`: draft with this object (a real head on `model`) instead; `budget` "off" still drafts nothing.
+    `head_step_s`: the modelled head's seconds per drafted token, added to each pass's cost (a head drafts one step
+    per token, before the pass). The summary's `draft_s` is the drafting the engine timed (live: a real drafter's)."""
     from labkit.speculative import PromptLookup
 
     reqs = trace(recorded, rate, copies, seed)
@@ -167,16 +181,19 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
     if model is None:
         model = RecordedModel(config, {r.id: recorded["prompts"][r.id % m] + recorded["replies"][r.id % m] for r in reqs})
     longest = max(len(p) + len(r) for p, r in zip(recorded["prompts"], recorded["replies"]))
+    if head is not None and head_step_s and pass_time is not None:
+        priced = pass_time
+        pass_time = lambda rows: priced(rows) + head_step_s * sum(len(req.draft) for req, _ in rows)  # noqa: E731
     engine = Engine(model, policy=policy, max_batch=max_batch, token_budget=token_budget, block_size=16,
                     num_blocks=max_batch * (-(-longest // 16) + 1), prefix_cache=False, pass_time=pass_time,
                     host_time=host_time,
                     drafter=None if budget == "off" else drafter if drafter is not None else PromptLookup()
-                    if head is None else ModelledHead(recorded, head, seed), spec_budget=budget,
+                    if head is None else ModelledHead(recorded, head, seed, head_step_s), spec_budget=budget,
                     batch_invariant=batch_invariant and not isinstance(model, RecordedModel))
     out = summarize(engine.replay(reqs), ttft_slo_s=2.0, itl_slo_s=0.1)
     steps = engine.steps
     out.update(budget=budget, rate=rate, drafted=sum(s.drafted for s in steps), accepted=sum(s.accepted for s in steps),
-               tested=sum(r.tested for r in reqs),
+               tested=sum(r.tested for r in reqs), draft_s=sum(s.parts.get("draft", 0.0) for s in steps),
                tokens_per_pass=sum(s.n_tokens for s in steps) / max(1, len(steps)))
     for kind in sorted(set(recorded["kinds"])):
         per = [r for r in reqs if recorded["kinds"][r.id % m] == kind and len(r.token_times) > 1]
