@@ -1,8 +1,11 @@
 """Speculation under load, live: the real engine on the wall clock with drafts, beside the replay of the same traces.
 
-`python -m labkit.benchmarks.serving_spec_live --json data/serving_spec_live.json` (chapter 09 section 16 reads it).
-SmolLM2-135M (float32, batch-invariant: the mode whose greedy replies are exact) serves the recorded requests of
-`data/serving_spec.json` (its replies cut to `NEW_TOKENS`), two traces of `N_REQ` requests each: input-grounded
+`python -m labkit.benchmarks.serving_spec_live --model float32 --json data/serving_spec_live.json` and
+`... --model native --json data/serving_spec_live_native.json` (chapter 09 section 16 reads both).
+SmolLM2-135M (batch-invariant: the mode whose greedy replies are exact), in float32 or from its GGUF file on labkit's
+own kernels (`MODELS`: what a drafted token costs differs between the two), serves the recorded requests of
+`data/serving_spec.json` (the model's own greedy replies to them, `NEW_TOKENS` at most, served in the live runs'
+engine: `rerecord`), two traces of `N_REQ` requests each: input-grounded
 ones, and a mix of grounded and open chat. Each trace runs as `SEEDS` seeded Poisson traces at a low load and at
 saturation (arrival rate as a multiple of the capacity measured live: every request at once, no drafts), with
 no speculation and with each budget (fixed:3, fixed:8, auto), drafting with prompt lookup and with the MTP
@@ -25,7 +28,7 @@ TITLE = "Speculation under load, live on the wall clock (prompt lookup and the M
 
 N_REQ, NEW_TOKENS, SEEDS = 8, 48, 6
 LOADS = (0.1, 2.0)
-ENGINE = dict(max_batch=4, token_budget=64)
+ENGINE = dict(max_batch=4, token_budget=16)  # every pass <= 16 tokens: each row's bits its own (INVARIANT_MAX_ROWS)
 BUDGETS = ("fixed:3", "fixed:8", "auto")
 METRICS = {"speed": "tpot_mean_s", "throughput": "s_per_token", "ttft_p50": "ttft_p50_s"}  # lower is better
 
@@ -99,10 +102,43 @@ def compare_rows(rows: list[dict], side: str) -> list[dict]:
     return out
 
 
-def run(quick: bool = False, checkpoint: str | None = None) -> dict:
+MODELS = {"float32": "SmolLM2-135M in float32 (torch's products; a multi-token row is one call per token in the "
+                      "batch-invariant mode where the CPU's kernel is not row-invariant)",
+          "native": "SmolLM2-135M from its GGUF file on labkit's own int4 x int8 and int8 x int8 kernels "
+                    "(row-invariant by construction: a multi-token row is one call)"}
+
+
+def load_model(name: str):
+    """(model, tokenizer) for `name` in `MODELS`."""
+    import labkit
+
+    if name not in MODELS:
+        raise ValueError(f"model must be one of {sorted(MODELS)}, got {name!r}")
+    model, tok = labkit.load("smollm2-135m")
+    if name == "native":
+        import torch
+
+        from labkit.data import paths
+        from labkit.model.gguf_native import load_gguf_native
+
+        model = load_gguf_native(paths.smollm2_gguf_path(), act_dtype=torch.float32, kernel="q4q8", head="q8_0")
+    return model, tok
+
+
+def rerecord(model, rec: dict) -> dict:
+    """The trace's prompts served once by `model` in the live runs' engine (greedy, batch-invariant, no drafts, every
+    request at once): its own replies, which every live run must reproduce and the replay replays. In passes of at
+    most 16 tokens every row gets the bits it gets alone, so a reply does not depend on the schedule (the recording
+    in the data file was served with whole prompts in one pass, whose bits can differ at near-ties)."""
+    from labkit.serving.studies import specload
+
+    served = specload.replay(rec, model.config, None, rate=float("inf"), model=model, **ENGINE)["served"]
+    return {**rec, "replies": [r.output for r in sorted(served, key=lambda r: r.id)]}
+
+
+def run(quick: bool = False, checkpoint: str | None = None, model_name: str = "float32") -> dict:
     import json
 
-    import labkit
     from labkit.benchmarks.loading import source_ids
     from labkit.data import data_path
     from labkit.measure.clock import now
@@ -111,20 +147,22 @@ def run(quick: bool = False, checkpoint: str | None = None) -> dict:
     from labkit.speculative import PromptLookup
     from labkit.speculative.mtp import MTPDrafter
 
-    model, tok = labkit.load("smollm2-135m")
+    model, tok = load_model(model_name)
     recorded = json.loads(data_path("serving_spec.json").read_text())["results"]["recorded"]
     t0 = now()
-    table = measure_pass_costs(model, decode_rows=(1, 2, 4), prefill_tokens=(32, 64), verify_rows=(1, 2, 4),
-                               gammas=(3, 8), source=source_ids(tok), context=128, repeats=3 if quick else 7,
+    table = measure_pass_costs(model, decode_rows=(1, 2, 4), prefill_tokens=(8, 16), verify_rows=(1, 2, 4),
+                               gammas=(1, 3), source=source_ids(tok), context=128, repeats=3 if quick else 7,
                                batch_invariant=True)
     print(f"  pass costs, batch-invariant ({now() - t0:.0f} s): " + ", ".join(
         f"{r['kind']} {r['tokens']} {r['seconds'] * 1e3:.1f} ms" for r in table))
     cost = step_time(table)
     drafters = {"prompt lookup": PromptLookup(), "mtp head": MTPDrafter.from_file(model)}
     seeds = range(2 if quick else SEEDS)
-    report = {"n_requests": N_REQ, "new_tokens": NEW_TOKENS, "engine": ENGINE, "loads": LOADS, "seeds": len(seeds),
+    report = {"model": model_name, "model_note": MODELS[model_name], "n_requests": N_REQ, "new_tokens": NEW_TOKENS,
+              "engine": ENGINE, "loads": LOADS, "seeds": len(seeds),
               "pass_costs": table, "copy_origins": specload.copy_origins(recorded), "traces": {}}
     for trace_name, rec in traces(recorded).items():
+        rec = rerecord(model, rec)
         cap_run = specload.replay(rec, model.config, None, rate=float("inf"), model=model, **ENGINE)
         cap = cap_run["requests"] / cap_run["duration_s"]
         rows, alpha = [], {}
@@ -167,10 +205,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--model", choices=sorted(MODELS), default="float32", help="the target: " + "; ".join(
+        f"{k}: {v}" for k, v in MODELS.items()))
     args = p.parse_args(argv)
-    print(f"on {describe()}")
-    report = {"machine": platform.platform(), "cpu": cpu_info(), "command": "python -m labkit.benchmarks.serving_spec_live",
-              "results": run(args.quick, args.json and args.json + ".partial")}
+    print(f"on {describe()}; {MODELS[args.model]}")
+    report = {"machine": platform.platform(), "cpu": cpu_info(),
+              "command": f"python -m labkit.benchmarks.serving_spec_live --model {args.model}",
+              "results": run(args.quick, args.json and args.json + ".partial", args.model)}
     from labkit.benchmarks.loading import write_report
 
     write_report(args.json, report)
