@@ -97,11 +97,13 @@ def _req(i):
 
 def test_the_load_aware_acceptance_follows_the_request_s_recent_outcomes():
     budget = LoadAware(recency=0.5)
-    budget.observe(_req(1), 4, 4)  # first verification: starts from the pooled 4/4 = 1, stays 1
-    assert budget.alpha(_req(1)) == pytest.approx(1.0)
+    # first verification: starts from the pooled (4 + 1) / (4 + 2) (Laplace's rule), four accepted tokens halve
+    # the distance to 1 four times
+    budget.observe(_req(1), 4, 4)
+    assert budget.alpha(_req(1)) == pytest.approx(1 - (1 / 6) / 16)
     budget.observe(_req(1), 3, 0)  # one rejected token: halfway to 0
-    assert budget.alpha(_req(1)) == pytest.approx(0.5)
-    assert budget.alpha(_req(2)) == pytest.approx(4 / 5)  # a new request: everyone's pooled 4 accepted of 5 tested
+    assert budget.alpha(_req(1)) == pytest.approx((1 - (1 / 6) / 16) / 2)
+    assert budget.alpha(_req(2)) == pytest.approx(5 / 7)  # a new request: everyone's pooled, 4 accepted of 5 tested
     with pytest.raises(ValueError, match="recency"):
         LoadAware(recency=1.0)
 

@@ -279,6 +279,23 @@ def test_the_load_aware_budget_charges_a_heads_drafting_to_the_tokens_it_keeps()
         assert budget.choose(drafts, batch=8) == want, seconds
 
 
+def test_rejected_probes_back_off_and_an_accepted_one_resets_the_wait():
+    """With drafts never worth keeping, a probe comes after 8 idle passes; each rejected probe doubles the wait
+    (8, 16, 32, 64, then 64: at most 8x), and an accepted probe sets it back to 8."""
+    budget = _measured(LoadAware(cost=lambda rows: 0.001 * sum(n for _, n in rows)), {0: 0.3, 1: 0.3})
+    gaps, last, outcomes = [], 0, iter([0] * 5 + [1, 0])
+    for n in range(1, 400):
+        ks = budget.choose([(_req(0), 4), (_req(1), 4)], batch=2)
+        if any(ks):
+            assert sorted(ks) == [0, 1]  # one token, one request
+            gaps.append(n - last)
+            last = n
+            budget.observe(_req(ks.index(1)), 1, next(outcomes, 0))
+        if len(gaps) == 8:
+            break
+    assert gaps == [8, 16, 32, 64, 64, 64, 8, 16], gaps
+
+
 def test_the_load_aware_budget_favours_the_request_that_is_accepted():
     budget = _measured(LoadAware(cost=lambda rows: 0.010 + 0.0015 * sum(n for _, n in rows)), {0: 0.95, 1: 0.05})
     ks = budget.choose([(_req(0), 4), (_req(1), 4)], batch=2)

@@ -56,13 +56,13 @@ def _summary(s: dict) -> dict:
     return out
 
 
-def one_point(model, rec, cost, rate, seed, drafters, heads_alpha) -> list[dict]:
+def one_point(model, rec, cost, rate, seed, drafters, heads_alpha, budgets=BUDGETS) -> list[dict]:
     """Every configuration at one load and seed, live and replayed: rows {drafter, budget, live, replay, exact}."""
     from labkit.serving.studies import specload
 
     rows = []
     for name, drafter in (("none", None), *drafters.items()):
-        for budget in (("off",) if drafter is None else BUDGETS):
+        for budget in (("off",) if drafter is None else budgets):
             live = specload.replay(rec, model.config, None, rate=rate, budget=budget, seed=seed, model=model,
                                    drafter=drafter, **ENGINE)
             served = live.pop("served")
@@ -136,7 +136,11 @@ def rerecord(model, rec: dict) -> dict:
     return {**rec, "replies": [r.output for r in sorted(served, key=lambda r: r.id)]}
 
 
-def run(quick: bool = False, checkpoint: str | None = None, model_name: str = "float32") -> dict:
+DRAFTERS = ("prompt lookup", "mtp head")
+
+
+def run(quick: bool = False, checkpoint: str | None = None, model_name: str = "float32", drafters=DRAFTERS,
+        budgets=BUDGETS) -> dict:
     import json
 
     from labkit.benchmarks.loading import source_ids
@@ -156,9 +160,14 @@ def run(quick: bool = False, checkpoint: str | None = None, model_name: str = "f
     print(f"  pass costs, batch-invariant ({now() - t0:.0f} s): " + ", ".join(
         f"{r['kind']} {r['tokens']} {r['seconds'] * 1e3:.1f} ms" for r in table))
     cost = step_time(table)
-    drafters = {"prompt lookup": PromptLookup(), "mtp head": MTPDrafter.from_file(model)}
+    bad = [d for d in drafters if d not in DRAFTERS] + [b for b in budgets if b not in BUDGETS]
+    if bad or not drafters or not budgets:
+        raise ValueError(f"drafters must be among {DRAFTERS} and budgets among {BUDGETS} (at least one each), got "
+                         f"{list(drafters)} and {list(budgets)}")
+    made = {"prompt lookup": PromptLookup, "mtp head": lambda: MTPDrafter.from_file(model)}
+    drafters = {name: made[name]() for name in DRAFTERS if name in drafters}
     seeds = range(2 if quick else SEEDS)
-    report = {"model": model_name, "model_note": MODELS[model_name], "n_requests": N_REQ, "new_tokens": NEW_TOKENS,
+    report = {"drafters": list(drafters), "budgets": list(budgets), "model": model_name, "model_note": MODELS[model_name], "n_requests": N_REQ, "new_tokens": NEW_TOKENS,
               "engine": ENGINE, "loads": LOADS, "seeds": len(seeds),
               "pass_costs": table, "copy_origins": specload.copy_origins(recorded), "traces": {}}
     for trace_name, rec in traces(recorded).items():
@@ -168,7 +177,8 @@ def run(quick: bool = False, checkpoint: str | None = None, model_name: str = "f
         rows, alpha = [], {}
         for load in LOADS:
             for seed in seeds:
-                rows += [{"load": load, **r} for r in one_point(model, rec, cost, load * cap, seed, drafters, alpha)]
+                rows += [{"load": load, **r} for r in one_point(model, rec, cost, load * cap, seed, drafters, alpha,
+                                                                budgets)]
                 print(f"  {trace_name} load {load} seed {seed}: {now() - t0:.0f} s", flush=True)
                 if checkpoint:  # every run so far, so that a long sweep cut short loses nothing
                     with open(checkpoint, "w") as f:
@@ -180,7 +190,8 @@ def run(quick: bool = False, checkpoint: str | None = None, model_name: str = "f
         report["traces"][trace_name] = {"capacity_req_s": cap, "rows": rows, "compared": per_load,
                                         "exact": all(r["exact"] for r in rows)}
         show(trace_name, report["traces"][trace_name])
-    drafters["mtp head"].close()
+    for drafter in drafters.values():
+        getattr(drafter, "close", lambda: None)()
     return report
 
 
@@ -207,11 +218,19 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--model", choices=sorted(MODELS), default="float32", help="the target: " + "; ".join(
         f"{k}: {v}" for k, v in MODELS.items()))
+    p.add_argument("--drafters", default=",".join(DRAFTERS), help=f"comma-separated, among {', '.join(DRAFTERS)}")
+    p.add_argument("--budgets", default=",".join(BUDGETS), help=f"comma-separated, among {', '.join(BUDGETS)}")
     args = p.parse_args(argv)
+    drafters, budgets = args.drafters.split(","), args.budgets.split(",")
+    if any(d not in DRAFTERS for d in drafters) or any(b not in BUDGETS for b in budgets):
+        p.error(f"--drafters must be among {DRAFTERS} and --budgets among {BUDGETS}, got {args.drafters!r} and "
+                f"{args.budgets!r}")
     print(f"on {describe()}; {MODELS[args.model]}")
-    report = {"machine": platform.platform(), "cpu": cpu_info(),
-              "command": f"python -m labkit.benchmarks.serving_spec_live --model {args.model}",
-              "results": run(args.quick, args.json and args.json + ".partial", args.model)}
+    command = f"python -m labkit.benchmarks.serving_spec_live --model {args.model}" + (
+        f" --drafters '{args.drafters}'" if drafters != list(DRAFTERS) else "") + (
+        f" --budgets '{args.budgets}'" if budgets != list(BUDGETS) else "")
+    report = {"machine": platform.platform(), "cpu": cpu_info(), "command": command,
+              "results": run(args.quick, args.json and args.json + ".partial", args.model, drafters, budgets)}
     from labkit.benchmarks.loading import write_report
 
     write_report(args.json, report)

@@ -17,7 +17,7 @@ The load-aware rule. Inputs, all measured: request i's acceptance α_i, and the 
 α_i is an exponential moving average of the request's verifications: every drafted token the engine
 tests (the accepted ones and the first rejected one) moves it toward 1 or 0 by a share 1 − `recency`
 (0.5: the last few verifications count most), starting from the acceptance pooled over every request
-verified so far. Acceptance comes in runs (a request copying a passage from its prompt keeps being
+verified so far (Laplace's rule: one accepted and one rejected token added, so it is never 0). Acceptance comes in runs (a request copying a passage from its prompt keeps being
 right; one whose draft was just rejected often is again), so the recent outcome predicts better than
 the request's whole history. T(n), the seconds of a pass of n tokens: a least-squares fit to the engine's
 recent passes (the last `recent_passes`, 256 by default) whose token counts lie near n (n/2 to 2n + 16), with
@@ -47,7 +47,10 @@ than the pass's average token is to emit (E/N; prompt tokens riding along emit n
 With no acceptance measured yet, or T known at fewer than two token counts, every request verifies
 one drafted token (a probe); and after `probe_every` consecutive passes in which requests had
 drafts but none was kept, the one among them that waited longest verifies one, so that the pooled
-α stays measured. A single request whose α has fallen is not probed while others draft.
+α stays measured. A rejected probe doubles the wait before the next (up to 8 × `probe_every`), an
+accepted one sets it back: a drafter that is rarely right (a head on text it does not predict) is
+probed less and less, since every probe costs a verified token and, for a head, its drafting.
+A single request whose α has fallen is not probed while others draft.
 """
 from __future__ import annotations
 
@@ -146,6 +149,7 @@ class LoadAware(SpecBudget):
         if cost is not None and not callable(cost):
             raise TypeError(f"cost must be a callable tokens -> seconds or None, got {type(cost).__name__}")
         self.cost, self.recency, self.probe_every = cost, float(recency), probe_every
+        self.probe_gap, self.probing = probe_every, set()  # passes between probes now; the request probed last pass
         self.recent: dict = {}             # request id -> its recency-weighted acceptance
         self.passes: deque = deque(maxlen=recent_passes)  # (tokens, seconds) of the engine's recent passes
         self.tested = self.accepted = 0    # pooled over every request verified
@@ -168,10 +172,13 @@ class LoadAware(SpecBudget):
         return sum(s for _, s in self.drafts) / tokens if tokens else 0.0
 
     def observe(self, req, drafted: int, accepted: int) -> None:
+        if req.id in self.probing:  # a rejected probe doubles the wait for the next (up to 8x); an accepted one resets it
+            self.probing.discard(req.id)
+            self.probe_gap = self.probe_every if accepted else min(2 * self.probe_gap, 8 * self.probe_every)
         a = self.alpha(req)
         self.tested += accepted + (accepted < drafted)
         self.accepted += accepted
-        a = self.accepted / self.tested if a is None else a
+        a = self.pooled() if a is None else a
         for outcome in [1.0] * accepted + [0.0] * (accepted < drafted):
             a = self.recency * a + (1 - self.recency) * outcome
         self.recent.pop(req.id, None)
@@ -184,7 +191,12 @@ class LoadAware(SpecBudget):
         (None: nothing verified yet)."""
         if req.id in self.recent:
             return self.recent[req.id]
-        return self.accepted / self.tested if self.tested else None
+        return self.pooled() if self.tested else None
+
+    def pooled(self) -> float:
+        """Everyone's acceptance so far, with one accepted and one rejected token added (Laplace's rule): a few
+        early rejections leave it small, not 0, so a drafter's first unlucky tokens do not shut it out for good."""
+        return (self.accepted + 1) / (self.tested + 2)
 
     def line(self, tokens: int, rows: int | None = None):
         """T as a function of a pass's tokens n near `tokens`, its `rows` sequences held fixed: a least-squares fit to
@@ -232,7 +244,7 @@ class LoadAware(SpecBudget):
     # ---- the decision ----------------------------------------------------------------------
 
     def choose(self, drafts, *, batch, riding=0, decoding=None, room=None, planned=None):
-        ks = [0] * len(drafts)
+        ks, self.probing = [0] * len(drafts), set()
         alphas = [self.alpha(req) for req, _ in drafts]
         rows = len(drafts) if decoding is None else max(decoding, len(drafts))
         room = float("inf") if room is None else room
@@ -253,9 +265,10 @@ class LoadAware(SpecBudget):
                 t_next = cost(ks[:i] + [ks[i] + 1] + ks[i + 1:])
                 if gain * t_n > emitted * (t_next - t_n):
                     ks[i], emitted, t_n, room = ks[i] + 1, emitted + gain, t_next, room - 1
-            if not any(ks) and self.since + 1 >= self.probe_every:  # a probe: the request that waited longest
+            if not any(ks) and self.since + 1 >= self.probe_gap:  # a probe: the request that waited longest
                 i = max(range(len(drafts)), key=lambda i: (drafts[i][1] > 0, self.idle.get(drafts[i][0].id, 0)))
                 ks[i] = min(1, drafts[i][1])
+                self.probing = {drafts[i][0].id}
         self.idle = {req.id: 0 if k else self.idle.get(req.id, 0) + 1 for (req, _), k in zip(drafts, ks)}
         self.since = 0 if any(ks) else self.since + 1
         return ks

@@ -1,11 +1,12 @@
 """Speculation inside the serving engine: drafts for decoding requests, verified in the engine's packed pass.
 
-Before a pass, every running request that decodes (its prompt cached, one token to run) asks the
-drafter for tokens that may follow (`labkit.speculative` drafters: `PromptLookup`, a
-`DraftModel`, or a drafting head, `MTPDrafter`, `ZeroCopyDrafter`, `MedusaDrafter`, which drafts from the
-request's own last verified hidden state: `labkit.serving.engine.heads`). The scheduler owns every token of the pass: it asks the budget
-(`labkit.serving.engine.budget`) how many of them go in, with the room its own plan leaves
-(`Scheduler.choose_drafts`), and gives such a request a row of 1 + k tokens (its last emitted token, then its k
+Before a pass, every running request that decodes (its prompt cached, one token to run) may take drafted tokens
+(`labkit.speculative` drafters: `PromptLookup`, a `DraftModel`, or a drafting head, `MTPDrafter`, `ZeroCopyDrafter`,
+`MedusaDrafter`, which drafts from the request's own last verified hidden state: `labkit.serving.engine.heads`).
+The scheduler owns every token of the pass: it asks the budget (`labkit.serving.engine.budget`) how many go in,
+with the room its own plan leaves (`Scheduler.choose_drafts`). Prompt lookup drafts first (microseconds; the
+decision reads how many it found); a head is asked after the decision, for the kept tokens only, since each of its
+tokens is a step of its own. Such a request gets a row of 1 + k tokens (its last emitted token, then its k
 drafted ones, before any prompt chunk: vLLM v1's order), and the pass keeps the logits of all
 k + 1 positions of that row (`PagedBatch.plan(rows, logits=...)`). Verification is
 `labkit.speculative.verify`'s: greedy requests accept the drafted tokens the target's argmax
