@@ -248,6 +248,7 @@ def sweep(recorded: dict, config, pass_time, loads=(0.05, 0.3, 0.6, 1.0, 2.0), b
         for budget in budgets:
             row = replay(recorded, config, pass_time, rate=load * cap, budget=budget, **opts)
             row.pop("served")
+            row.pop("draft_s")  # this machine's wall time: a sweep's rows are the model's figures alone
             rows.append({"load": load, **row})
             if bar is not None:
                 bar.update()
