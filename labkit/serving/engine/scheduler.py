@@ -143,27 +143,22 @@ class Scheduler:
             return self._orca()
         return self._chunked()
 
-    def decoding(self) -> list[Request]:
-        """The running requests that decode in the next pass (their prompt cached, one token to run)."""
+    def decoding(self) -> list[Request]:  # the running requests that decode next: prompt cached, one token to run
         return [r for r in self.running if r.prefilled and r.n_uncached == 1]
 
     def choose_drafts(self, wanted: list[tuple[Request, int]]) -> list[int]:
-        """How many drafted tokens each decoding request may have verified in the next pass: per (request, tokens it
-        has or could have drafted), the budget's choice, shown the pass as planned: a row of one token per decoding
-        request, the prompt rows riding along (`_riding`) and the slots no prompt token waits for. Called before
-        `schedule` (by the engine's `Speculator`): a drafter whose every token costs work (a head) then drafts only
-        the tokens kept; drafts already made are cut to them."""
-        decoding, ks = self.decoding(), [0] * len(wanted)
-        some = [i for i, (_, n) in enumerate(wanted) if n > 0]
-        if self.spec_budget is None or not some:
-            return ks
-        riding = self._riding(self.token_budget - len(decoding))
-        n_riding = sum(n for _, n in riding)
-        chosen = self.spec_budget.choose([wanted[i] for i in some], batch=len(self.running), riding=n_riding,
-                                         decoding=len(decoding), room=max(0, self.token_budget - len(decoding) - n_riding),
-                                         planned=[(r, 1) for r in decoding] + riding)
-        for i, k in zip(some, chosen):
-            ks[i] = k
+        """Per (decoding request, tokens it has or could draft), how many the next pass verifies: the budget's choice
+        on the pass as planned (a row of one token per decoding request, the prompt rows riding along, `_riding`).
+        Asked before `schedule` (by the `Speculator`), so that a head drafts only the tokens kept."""
+        decoding, ks, some = self.decoding(), [0] * len(wanted), [i for i, (_, n) in enumerate(wanted) if n > 0]
+        if self.spec_budget is not None and some:
+            riding = self._riding(self.token_budget - len(decoding))
+            n_riding = sum(n for _, n in riding)
+            chosen = self.spec_budget.choose([wanted[i] for i in some], batch=len(self.running), riding=n_riding,
+                                             decoding=len(decoding), planned=[(r, 1) for r in decoding] + riding,
+                                             room=max(0, self.token_budget - len(decoding) - n_riding))
+            for i, k in zip(some, chosen):
+                ks[i] = k
         return ks
 
     def _riding(self, budget: int) -> list[tuple[Request, int]]:

@@ -24,10 +24,9 @@ a draft ends at its first stop token (nothing after it could be emitted).
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
+from labkit.measure.clock import now
 from labkit.sampling import process_logits
 from labkit.serving.engine.budget import SpecBudget, spec_budget
 from labkit.serving.engine.heads import HeadDrafts, is_head
@@ -96,7 +95,7 @@ class Speculator:
             return
         heads = self.heads
         ks = scheduler.choose_drafts([(req, room if heads is None or heads.ready(req) else 0) for req, room in rooms])
-        start, made = time.perf_counter(), 0
+        start, made = now(), 0
         for (req, _), k in zip(rooms, ks):
             if k:
                 tokens, q = (heads.propose(req, k), None) if heads is not None else \
@@ -105,7 +104,7 @@ class Speculator:
                 made += len(req.draft)
         if made:  # a modelled head says what its drafting would take; a real one is timed
             seconds = self.drafter.draft_seconds(made) if hasattr(self.drafter, "draft_seconds") else None
-            self.budget.observe_draft(made, time.perf_counter() - start if seconds is None else seconds)
+            self.budget.observe_draft(made, now() - start if seconds is None else seconds)
 
     @staticmethod
     def _keep(req, tokens: list[int], q) -> None:
