@@ -143,6 +143,10 @@ def run(quick: bool = False, checkpoint: str | None = None, model_name: str = "f
         budgets=BUDGETS) -> dict:
     import json
 
+    bad = [d for d in drafters if d not in DRAFTERS] + [b for b in budgets if b not in BUDGETS]
+    if bad or not drafters or not budgets:
+        raise ValueError(f"drafters must be among {DRAFTERS} and budgets among {BUDGETS} (at least one each), got "
+                         f"{list(drafters)} and {list(budgets)}")
     from labkit.benchmarks.loading import source_ids
     from labkit.data import data_path
     from labkit.measure.clock import now
@@ -160,16 +164,12 @@ def run(quick: bool = False, checkpoint: str | None = None, model_name: str = "f
     print(f"  pass costs, batch-invariant ({now() - t0:.0f} s): " + ", ".join(
         f"{r['kind']} {r['tokens']} {r['seconds'] * 1e3:.1f} ms" for r in table))
     cost = step_time(table)
-    bad = [d for d in drafters if d not in DRAFTERS] + [b for b in budgets if b not in BUDGETS]
-    if bad or not drafters or not budgets:
-        raise ValueError(f"drafters must be among {DRAFTERS} and budgets among {BUDGETS} (at least one each), got "
-                         f"{list(drafters)} and {list(budgets)}")
     made = {"prompt lookup": PromptLookup, "mtp head": lambda: MTPDrafter.from_file(model)}
     drafters = {name: made[name]() for name in DRAFTERS if name in drafters}
     seeds = range(2 if quick else SEEDS)
-    report = {"drafters": list(drafters), "budgets": list(budgets), "model": model_name, "model_note": MODELS[model_name], "n_requests": N_REQ, "new_tokens": NEW_TOKENS,
-              "engine": ENGINE, "loads": LOADS, "seeds": len(seeds),
-              "pass_costs": table, "copy_origins": specload.copy_origins(recorded), "traces": {}}
+    report = {"drafters": list(drafters), "budgets": list(budgets), "model": model_name,
+              "model_note": MODELS[model_name], "n_requests": N_REQ, "new_tokens": NEW_TOKENS, "engine": ENGINE,
+              "loads": LOADS, "seeds": len(seeds), "pass_costs": table, "copy_origins": specload.copy_origins(recorded), "traces": {}}
     for trace_name, rec in traces(recorded).items():
         rec = rerecord(model, rec)
         cap_run = specload.replay(rec, model.config, None, rate=float("inf"), model=model, **ENGINE)
@@ -222,9 +222,6 @@ def main(argv=None) -> int:
     p.add_argument("--budgets", default=",".join(BUDGETS), help=f"comma-separated, among {', '.join(BUDGETS)}")
     args = p.parse_args(argv)
     drafters, budgets = args.drafters.split(","), args.budgets.split(",")
-    if any(d not in DRAFTERS for d in drafters) or any(b not in BUDGETS for b in budgets):
-        p.error(f"--drafters must be among {DRAFTERS} and --budgets among {BUDGETS}, got {args.drafters!r} and "
-                f"{args.budgets!r}")
     print(f"on {describe()}; {MODELS[args.model]}")
     command = f"python -m labkit.benchmarks.serving_spec_live --model {args.model}" + (
         f" --drafters '{args.drafters}'" if drafters != list(DRAFTERS) else "") + (

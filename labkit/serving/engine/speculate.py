@@ -91,7 +91,7 @@ class Speculator:
                 self._keep(req, list(tokens)[:room], q)
             ks = scheduler.choose_drafts([(req, len(req.draft)) for req, _ in rooms])
             for (req, _), k in zip(rooms, ks):
-                req.draft, req.draft_q = req.draft[:k], None if req.draft_q is None or not k else req.draft_q[:k]
+                self._keep(req, req.draft[:k], req.draft_q)
             return
         heads = self.heads
         ks = scheduler.choose_drafts([(req, room if heads is None or heads.ready(req) else 0) for req, room in rooms])

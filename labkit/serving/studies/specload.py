@@ -106,17 +106,16 @@ class ModelledHead:
         return tokens * self.step_s
 
 
-def serve_once(model, tok, texts: list, max_new_tokens: int, *, max_batch: int = 16, min_token_budget: int = 512,
+def serve_once(model, tok, texts: list[str], max_new_tokens: int, *, max_batch: int = 16, min_token_budget: int = 512,
                batch_invariant: bool = True, prefix_cache: bool = False, progress: bool = False) -> list[Request]:
-    """Each text in the chat template (or a prompt already encoded, a list of token ids), served once by the
-    continuous engine, greedy, to EOS or `max_new_tokens`: the requests, with their outputs (`Request.prompt +
-    Request.output`: a whole conversation as token ids)."""
+    """Each text in the chat template, served once by the continuous engine, greedy, to EOS or `max_new_tokens`: the
+    requests, with their outputs (`Request.prompt + Request.output`: a whole conversation as token ids)."""
     from labkit.generation.reply import encode_prompt
 
     eos = getattr(tok, "eos_id", None)
     stop = frozenset() if eos is None else frozenset([eos])
-    reqs = [Request(i, encode_prompt(tok, text) if isinstance(text, str) else list(text), max_new_tokens,
-                    params={"temperature": 0.0}, stop_ids=stop) for i, text in enumerate(texts)]
+    reqs = [Request(i, encode_prompt(tok, text), max_new_tokens, params={"temperature": 0.0}, stop_ids=stop)
+            for i, text in enumerate(texts)]
     longest = max(len(r.prompt) for r in reqs) + max_new_tokens
     engine = Engine(model, policy="continuous", max_batch=max_batch, token_budget=max(min_token_budget, longest),
                     block_size=16, num_blocks=max_batch * -(-longest // 16) + 16, batch_invariant=batch_invariant,
