@@ -11,7 +11,7 @@ export IPYTHONDIR          := $(BUILD)/ipython
 export MPLCONFIGDIR        := $(BUILD)/mpl
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 
-.PHONY: setup lab test test-unit test-notebooks test-portable test-isa test-browser test-browser-all notebooks student release bench doctor data clean
+.PHONY: evidence evidence-check setup lab test test-unit test-notebooks test-portable test-isa test-browser test-browser-all notebooks student release bench doctor data clean
 
 setup:
 	@bash scripts/setup.sh
@@ -20,6 +20,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --port $(PORT) notebooks/00_welcome.ipynb $(LAB_ARGS)
 
 test: setup
+	$(VENV)/bin/labkit bench --check
 	$(VENV)/bin/pytest tests notebooks $(NBVAL_FLAGS) $(PYTEST_ARGS)
 
 test-unit: setup
@@ -53,6 +54,14 @@ student: setup
 # nbgrader: source and release versions of every chapter in .build/course (its course directory).
 release: setup
 	$(PY) -m labkit.nbtools release notebooks/[0-9]*.ipynb --root $(BUILD)/course
+
+# re-make every stored file in data/ that today's code did not make (resumable: a second run starts where one
+# stopped; each bench's output in .build/evidence/NAME.log). In the background: nohup make evidence > evidence.log &
+evidence: setup
+	$(PY) -m labkit.benchmarks.evidence run $(if $(ONLY),--only $(ONLY))
+
+evidence-check: setup
+	$(VENV)/bin/labkit bench --check
 
 bench: setup
 	$(VENV)/bin/labkit bench --json bench.json $(BENCH_ARGS)

@@ -46,8 +46,13 @@ def synthetic_compare(true_ratio, sigma, seed, **kw):
 
 def test_run_interleaves_keeps_samples_and_records_the_machine():
     order = []
-    r = measure.run({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=4, warmup=1, machine=False)
-    assert order == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]  # the first in each round rotates
+    r = measure.run({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=4, warmup=1, machine=False,
+                    loops=1)
+    rounds = [order[i:i + 2] for i in range(0, 10, 2)]
+    assert all(sorted(x) == ["a", "b"] for x in rounds)  # every variant once a round
+    assert r.order == rounds[1:]  # the timed rounds' order is recorded
+    again = measure.run({"a": lambda: None, "b": lambda: None}, rounds=4, warmup=1, machine=False, loops=1)
+    assert again.order == r.order  # seeded: the same orders again
     assert r["a"].rounds == r["b"].rounds == 4 and len(r["a"].samples) == 4
     assert r.machine["loadavg"] is None or len(r.machine["loadavg"]) == 3
     assert "loadavg_after" in r.machine
@@ -160,8 +165,8 @@ def test_decide_rule():
 
 
 def test_claim_rule():
-    assert measure.claim("x", 0.3, high=0.5).verdict == "holds"
-    assert measure.claim("x", 0.7, high=0.5).verdict == "fails"
+    assert measure.claim("x", 0.3, high=0.5, exact=True).verdict == "holds"
+    assert measure.claim("x", 0.7, high=0.5, exact=True).verdict == "fails"
     assert measure.claim("x", 1.6, interval=(1.55, 1.7), low=1.5).verdict == "holds"
     assert measure.claim("x", 1.4, interval=(1.2, 1.45), low=1.5).verdict == "fails"
     c = measure.claim("x", 1.5, interval=(1.3, 1.7), low=1.5)
@@ -170,9 +175,9 @@ def test_claim_rule():
     assert measure.claim("2x", comp, low=1.8).verdict == "holds"
     assert measure.claim("3x", comp, low=3.0).verdict == "fails"
     with pytest.raises(ValueError, match="band"):
-        measure.claim("x", 1.0)
+        measure.claim("x", 1.0, exact=True)
     with pytest.raises(ValueError, match="low must be <= high"):
-        measure.claim("x", 1.0, low=2, high=1)
+        measure.claim("x", 1.0, low=2, high=1, exact=True)
 
 
 def test_split_checks_parts_against_the_step():

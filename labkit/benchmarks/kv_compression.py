@@ -14,8 +14,6 @@ The file names the CPU, the torch version and the thread count it was measured o
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from labkit.measure.clock import now as clock_now
 
@@ -37,17 +35,18 @@ def run_stored(plan: dict | None = None) -> dict:
     eviction = compression_tables(model, tok, plan or STORED)
     csa = csa_section(quick=False)
     return {"cpu": cpu_info(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "eviction": eviction, "compressed_attention": csa, "wall_s": clock_now() - start,
-            "command": "python -m labkit.benchmarks.kv_compression --json data/kv_compression.json"}
+            "eviction": eviction, "compressed_attention": csa, "wall_s": clock_now() - start}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True, metavar="FILE", help="where to write the runs")
     args = p.parse_args(argv)
+    from labkit.benchmarks.loading import write_report
+
     out = run_stored()
-    Path(args.json).write_text(json.dumps(out, indent=1, default=float) + "\n")
-    print(f"wrote {args.json} ({out['wall_s']:.0f} s)")
+    write_report(args.json, out)
+    print(f"({out['wall_s']:.0f} s)")
     return 0
 
 

@@ -24,10 +24,14 @@ def source_ids(tok, chars: int = 60_000) -> list[int]:
 
 
 def write_report(path: str | None, report: dict) -> None:
-    """Write a bench's report (figures and the machine) as JSON to `path`, and say so; nothing without a path."""
+    """Write a bench's report (figures and the machine) as JSON to `path` with its provenance record
+    (`labkit.benchmarks.evidence.stamp`: the command, the code, the peers), and say so; nothing without a path."""
     import json
 
+    from labkit.benchmarks.evidence import stamp
+
     if path:
+        report = stamp(report, path)
         with open(path, "w") as f:
             json.dump(report, f, default=float)
         print(f"wrote {path}")

@@ -50,13 +50,10 @@ def print_sweep(res: dict, label: str) -> None:
               f"{r['tpot_mean_s'] * 1e3:6.2f}ms {ratio:>17s} {r['tokens_per_pass']:8.1f}")
 
 
-def _mark(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def section(model, tok, quick: bool = False, reuse: dict | None = None) -> dict:
     """Record, measure, sweep, check. `reuse`: a previous report's results, whose recording and pass costs are taken
     as they are (the sweeps and the live check run again)."""
+    from labkit import measure
     from labkit.benchmarks.loading import source_ids
     from labkit.serving.studies import specload
     from labkit.serving.studies.passcost import measure_pass_costs, step_time
@@ -91,10 +88,14 @@ def section(model, tok, quick: bool = False, reuse: dict | None = None) -> dict:
             print_sweep(res, f"{trace_name} trace, {drafter}, on {where}")
             v = verdicts(res["rows"], loads[0], loads[-1])
             report["verdicts"][key] = v
-            print(f"    auto: per-request decode speed at load {loads[0]} {v['auto_speed_low']:.2f}x off (target >= 1.3x: "
-                  f"{_mark(v['auto_speed_low'] >= 1.3)}); throughput at load {loads[-1]} {v['auto_throughput_high']:.2f}x "
-                  f"off (target >= 0.97x: {_mark(v['auto_throughput_high'] >= 0.97)}); fixed:3 there "
-                  f"{v['fixed3_throughput_high']:.2f}x (below 0.9x: {v['fixed3_throughput_high'] < 0.9})")
+            for text, value, band in ((f"auto: per-request decode speed at load {loads[0]} against off",
+                                       v["auto_speed_low"], {"low": 1.3}),
+                                      (f"auto: throughput at load {loads[-1]} against off", v["auto_throughput_high"],
+                                       {"low": 0.97}),
+                                      (f"fixed:3: throughput at load {loads[-1]} against off",
+                                       v["fixed3_throughput_high"], {"high": 0.9})):
+                print("    " + str(measure.claim(text, value, exact=True, source="the replay: a modelled value",
+                                                 **band)))
     report["live"] = live_check(model, recorded, here, n=6 if quick else 12)
     return report
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -28,11 +29,27 @@ import time
 
 from labkit import measure
 
-__all__ = ["Worker", "alternate", "compile_times", "rates_in_own_processes", "SIDES", "LLAMA_CPP"]
+__all__ = ["Worker", "alternate", "compile_times", "rates_in_own_processes", "peer_record", "SIDES", "LLAMA_CPP",
+           "PEERS_SEEN"]
 
 LLAMA_CPP = "llama.cpp Q4_1"
 
 SIDES = ("labkit", "llama.cpp")
+PEERS_SEEN: dict = {}  # every peer build a worker of this process ran: what a stored file's provenance names
+
+
+def peer_record() -> dict:
+    """llama.cpp as this process imports it: name, version, where it was loaded from and its build
+    (`llama_print_system_info()`: the instruction sets its kernels were compiled for)."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as low_level
+
+    info = low_level.llama_print_system_info()
+    where = os.path.realpath(llama_cpp.__file__)
+    return {"name": "llama.cpp (llama-cpp-python)", "version": getattr(llama_cpp, "__version__", "?"),
+            "from": "this environment's site-packages" if where.startswith(os.path.realpath(sys.prefix)) else
+            f"the folder {os.path.basename(os.path.dirname(os.path.dirname(where)))!r} on PYTHONPATH",
+            "system_info": info.decode() if isinstance(info, bytes) else str(info)}
 
 
 def _build(spec: dict):
@@ -43,7 +60,7 @@ def _build(spec: dict):
         llm = load_llama_cpp(model=spec.get("model", "smollm2-135m"))
         if llm is None:
             raise RuntimeError("llama-cpp-python is not installed (pip install -e '.[peers]')")
-        return (lambda ids, n: llama_cpp_decode(llm, ids, n)), {}
+        return (lambda ids, n: llama_cpp_decode(llm, ids, n)), {"peer": peer_record()}
     import labkit
     from labkit.generation.stages import decode, prefill
 
@@ -105,6 +122,9 @@ class Worker:
         if "error" in self.info:
             self.close()
             raise RuntimeError(f"the {spec['side']} worker could not start: {self.info['error']}")
+        if "peer" in self.info:
+            rec = self.info["peer"]
+            PEERS_SEEN[f"{rec['name']} {rec['version']} from {rec['from']}"] = rec
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -135,26 +155,32 @@ class Worker:
 
 
 def alternate(workers: dict, ids: list[int], n: int, rounds: int = 5, warmup: int = 1,
-              settle_s: float = 0.5) -> measure.Run:
-    """Seconds per token of each name -> `Worker`, one round each in turn (the first to go rotating from round to
-    round), `settle_s` idle before each turn: a `labkit.measure.Run` of the workers' own timings, paired by round,
+              settle_s: float = 0.5, seed: int = 0) -> measure.Run:
+    """Seconds per token of each name -> `Worker`, one round each in turn (in a fresh random order each round,
+    `seed`), `settle_s` idle before each turn: a `labkit.measure.Run` of the workers' own timings, paired by round,
     with the machine's state around the run."""
     if not workers:
         raise ValueError("workers must name at least one Worker")
     names = list(workers)
     state = measure.machine_state()
     samples = {name: [] for name in names}
+    rng, order = random.Random(seed), []
     for r in range(warmup + rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+        this = names[:]
+        rng.shuffle(this)  # a fresh order each round: no side always runs after the same one
+        for name in this:
             time.sleep(settle_s)  # the side that ran last goes idle before this one starts
             seconds = workers[name].round(ids, n)
             if r >= warmup:
                 samples[name].append(seconds)
+        if r >= warmup:
+            order.append(this)
     state["loadavg_after"] = measure.machine_state(cpu=False)["loadavg"]
-    state["protocol"] = (f"each side in its own worker process, rounds alternating, {settle_s:g} s idle before each "
-                         f"turn, {warmup} warm-up round(s)")
-    return measure.Run.from_samples(samples, warmup, state, unit="token")
+    state["protocol"] = (f"each side in its own worker process, every side in each round in a fresh random order, "
+                         f"{settle_s:g} s idle before each turn, {warmup} warm-up round(s)")
+    run = measure.Run.from_samples(samples, warmup, state, unit="token")
+    run.order = order
+    return run
 
 
 def rates_in_own_processes(specs: dict, ids: list[int], n: int, rounds: int = 5, peer: bool = True,

@@ -15,6 +15,8 @@ def add_parser(sub):
     p.add_argument("--only", nargs="*", metavar="NAME", help="run only these benchmarks")
     p.add_argument("--quick", action="store_true", help="fewer repeats (noisier)")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.add_argument("--check", action="store_true", help="say whether every stored file in data/ was made by today's "
+                   "code (fresh / older code / no record); exit 1 when one a chapter reads is not fresh")
     return p
 
 
@@ -27,6 +29,10 @@ def available() -> dict[str, object]:
 
 
 def run(args) -> int:
+    if args.check:
+        from labkit.benchmarks.evidence import check
+
+        return check()
     benches = available()
     if args.list:
         for name, mod in benches.items():
@@ -48,7 +54,9 @@ def run(args) -> int:
         report["results"][name] = mod.run(quick=args.quick)
         print(f"   ({clock_now() - start:.1f} s)", flush=True)
     if args.json:
+        from labkit.benchmarks.evidence import stamp
+
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=2, default=float)
+            json.dump(stamp(report, args.json), f, indent=2, default=float)
         print(f"wrote {args.json}")
     return 0

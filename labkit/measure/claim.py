@@ -1,6 +1,6 @@
 """`claim`: a seed's, a paper's or a target's claim checked against a measured value, with the band it used.
 
-    >>> print(claim("int4 is at most half the bytes", 0.31, high=0.5, source="chapter 06"))
+    >>> print(claim("int4 is at most half the bytes", 0.31, high=0.5, exact=True, source="chapter 06"))
     int4 is at most half the bytes: holds (0.31, an exact value, in the band ≤ 0.5; chapter 06)
     >>> claim("decode is 1.5x faster", 1.4, interval=(1.2, 1.7), low=1.5).verdict
     'inconclusive'
@@ -8,9 +8,16 @@
 The rule: the claim's band is [low, high] (either end may be open). A value with an interval
 (a measurement: a `Comparison`'s speed-up or any (low, high) the caller measured) **holds** when
 the whole interval lies in the band, **fails** when none of it does, and is **inconclusive**
-otherwise: the measurement cannot tell. A value without an interval is taken as exact (a byte
-count, a token count): it holds or fails by where it lies. A chapter prints these objects; it
-does not compute holds / fails inline.
+otherwise: the measurement cannot tell. A value without an interval must be declared exact
+(`exact=True`: a byte count, a token count, a modelled value): it holds or fails by where it lies.
+A measured value given without its interval is refused, never judged as if it were exact.
+
+**Selection.** The best of N measured candidates carries a winner's curse: its own interval
+overstates it. `selected_from=N` says the value was picked as the best of N: a `Comparison` is
+judged on its interval widened to confidence 1 - alpha / N (Bonferroni over the candidates); a
+bare interval cannot be widened, so it may fail but not hold ("inconclusive: the best of N,
+confirm it on fresh rounds"). A chapter prints these objects; it does not compute holds / fails
+inline.
 """
 from __future__ import annotations
 
@@ -63,18 +70,32 @@ def _number(name: str, v) -> float | None:
 
 
 def claim(name: str, value, *, low: float | None = None, high: float | None = None,
-          interval: tuple[float, float] | None = None, source: str = "", why: str = "") -> Claim:
+          interval: tuple[float, float] | None = None, exact: bool = False, selected_from: int = 1,
+          source: str = "", why: str = "") -> Claim:
     """Check `value` against the band [low, high]: "holds", "fails" or "inconclusive" (rule in the module docstring).
 
     `value` is a number or a `Comparison` (then its speed-up, b's time / a's, and that speed-up's
-    interval are used). `interval`: the measured value's uncertainty, when it has one.
+    interval are used). `interval`: the measured value's uncertainty; without one, `exact=True` must
+    say that the value has none. `selected_from`: how many candidates the value was the best of.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
+    checks.flag("exact", exact)
+    checks.positive_int("selected_from", selected_from)
+    selected = ""
     if isinstance(value, Comparison):
-        if interval is not None:
-            raise ValueError("interval must be None when value is a Comparison (its own interval is used)")
+        if interval is not None or exact:
+            raise ValueError("interval must be None and exact False when value is a Comparison (its own interval "
+                             "is used)")
+        if selected_from > 1:
+            value = value.at_confidence(1 - (1 - value.family) / selected_from)
+            selected = f"the best of {selected_from}: interval widened to {value.confidence:.1%}"
         value, interval = value.speedup, value.speedup_interval
+    elif interval is None and not exact:
+        raise ValueError(f"claim {name!r}: a measured value needs its interval (interval=(low, high) or a Comparison);"
+                         " pass exact=True only for a count, a size or a modelled value, which has none")
+    elif interval is not None and exact:
+        raise ValueError("exact must be False when an interval is given")
     value = _number("value", value)
     low, high = _number("low", low), _number("high", high)
     if low is None and high is None:
@@ -94,7 +115,10 @@ def claim(name: str, value, *, low: float | None = None, high: float | None = No
         if not i_lo <= value <= i_hi:
             raise ValueError(f"value must lie in its interval, got {value} outside {interval!r}")
         interval = (i_lo, i_hi)
-        if lo_b <= i_lo and i_hi <= hi_b:
+        if lo_b <= i_lo and i_hi <= hi_b and selected_from > 1 and not selected:
+            verdict = "inconclusive"
+            why = why or f"the best of {selected_from} candidates: its own interval overstates it; confirm it on fresh rounds"
+        elif lo_b <= i_lo and i_hi <= hi_b:
             verdict = "holds"
         elif i_hi < lo_b or i_lo > hi_b:
             verdict = "fails"
@@ -102,4 +126,5 @@ def claim(name: str, value, *, low: float | None = None, high: float | None = No
             verdict = "inconclusive"
             why = why or ("too few rounds for an interval" if math.isinf(i_hi - i_lo) or i_lo <= 0 and i_hi == math.inf
                           else "the measured interval straddles the band's edge")
+    why = "; ".join(x for x in (why, selected) if x)
     return Claim(name, value, low, high, interval, verdict, source, why)

@@ -7,7 +7,14 @@ for any continuous distribution:
   * `median_interval(xs, confidence)`: the sign-test interval of a median, [x_(k), x_(n+1-k)]
     with the largest k for which P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2;
   * `shift_interval(xs, ys, confidence)`: the Hodges-Lehmann shift between two independent
-    samples (the median of all differences x_i - y_j) with its Mann-Whitney (Moses) interval.
+    samples (the median of all differences x_i - y_j) with its Mann-Whitney (Moses) interval:
+    exact only under the shift model (both samples of one shape); with unequal shapes it misses
+    about twice as often as it says, so `compare` does not use it;
+  * `median_difference_interval(xs, ys, confidence)`: the difference of two independent samples'
+    medians with an interval that holds under unequal shapes (Bonett & Price, 2002: each median's
+    standard error from its own order statistics, McKean & Schrader's estimate, combined as in
+    Welch's test). Approximate (normal) rather than exact: in simulations with 10 to 40 samples
+    a side it missed 0.2-5.7 % at a nominal 5 %, tight against spiky, skewed, or spiked.
 
 Both return (-inf, inf) when n is too small for the confidence asked: such a run can decide
 nothing, which is what a verdict built on it must then say.
@@ -25,7 +32,8 @@ from functools import lru_cache
 
 from labkit import checks
 
-__all__ = ["summary", "quantile", "median_interval", "shift_interval", "sign_test_rank"]
+__all__ = ["summary", "quantile", "median_interval", "shift_interval", "sign_test_rank", "median_difference_interval",
+           "median_se"]
 
 
 def quantile(sorted_xs: list[float], q: float) -> float:
@@ -111,3 +119,25 @@ def shift_interval(xs, ys, confidence: float = 0.95) -> tuple[float, float, floa
     if k <= 0:
         return (estimate, -math.inf, math.inf)
     return (estimate, diffs[k - 1], diffs[len(diffs) - k])
+
+
+def median_se(xs) -> float:
+    """McKean & Schrader's standard error of a sample median, from two order statistics around it."""
+    s = sorted(xs)
+    n = len(s)
+    c = max(1, round((n + 1) / 2 - 2.576 * math.sqrt(n / 4)))
+    return (s[n - c] - s[c - 1]) / (2 * 2.576)
+
+
+def median_difference_interval(xs, ys, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(estimate, low, high): median(xs) - median(ys) with an interval that survives unequal shapes (Bonett-Price);
+    (-inf, inf) when either sample has fewer than 6 values (no standard error to trust)."""
+    checks.probability("confidence", confidence, low_open=True, high_open=True)
+    if len(xs) == 0 or len(ys) == 0:
+        raise ValueError(f"both samples must hold values, got {len(xs)} and {len(ys)}")
+    estimate = statistics.median(xs) - statistics.median(ys)
+    if min(len(xs), len(ys)) < 6:
+        return (estimate, -math.inf, math.inf)
+    z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    half = z * math.hypot(median_se(xs), median_se(ys))
+    return (estimate, estimate - half, estimate + half)

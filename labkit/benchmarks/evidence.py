@@ -1,0 +1,209 @@
+"""The stored evidence: every file in `data/` a chapter reads, what makes it, and whether today's code made it.
+
+Each file a bench writes carries a `provenance` record (`stamp`): the command that made it, the
+protocol (rounds, processes, warm-up, as the bench states it), the CPU, the peers it ran beside
+(llama.cpp's version and `llama_print_system_info()`), the data files it read (their SHA-256) and a
+**code record** (`labkit.measure.provenance.code_record`) over the sources that determine its figures.
+
+    python -m labkit.benchmarks.evidence check    # = labkit bench --check: fresh / made by older code / no record
+    python -m labkit.benchmarks.evidence run      # = make evidence: re-make every file that is not fresh
+
+`check` exits nonzero when a file a chapter reads is not fresh and names the command that re-makes it.
+`run` re-makes the stale files one after another, each bench in its own process (its own worker
+processes inside), writing each file to `.build/evidence/` first and moving it into `data/` only when
+the bench finished: a killed run leaves every file whole, and the next `run` starts at the first file
+that is still stale (resumable). Its progress goes to the terminal, each bench's output to a log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit.measure.clock import now
+from labkit.measure.provenance import ROOT, changed, code_record
+
+__all__ = ["Stored", "STORED", "stamp", "status", "check", "remake", "main"]
+
+TIMING = ("labkit/measure/run.py", "labkit/measure/clock.py", "labkit/measure/cpu.py")
+MODEL = ("labkit/model", "labkit/quant", "labkit/kvcache", "labkit/generation/stages.py")
+PEERS = ("labkit/benchmarks/workers.py", "labkit/benchmarks/peers.py", "labkit/costmodel/measure.py")
+SERVING = ("labkit/serving", "labkit/speculative", "labkit/sampling", "labkit/benchmarks/loading.py")
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A stored file: its `command` ({out} is where it writes), the `sources` that determine its figures, the data
+    files it reads (`inputs`), the chapters that read it and the protocol, in words."""
+
+    file: str
+    command: str
+    sources: tuple[str, ...]
+    chapters: tuple[str, ...]
+    protocol: str
+    inputs: tuple[str, ...] = ()
+    minutes: int = 5  # about how long it takes on 2 cores
+
+
+STORED = {s.file: s for s in (
+    Stored("step_bench.json", "labkit bench --only step --json {out}",
+           ("labkit/benchmarks/step.py", "labkit/benchmarks/step_compiled.py", "labkit/generation/profile.py",
+            *PEERS, *MODEL, *TIMING), ("03", "06"),
+           "every format in one process for calls, splits and T(k); decode rates with each side in its own worker "
+           "process, rounds alternating (labkit.benchmarks.workers)", minutes=15),
+    Stored("compiled_bench.json", "labkit bench --only compiled --json {out}",
+           ("labkit/benchmarks/compiled.py", "labkit/benchmarks/step.py", "labkit/benchmarks/step_compiled.py",
+            "labkit/generation/profile.py", *PEERS, *MODEL, *TIMING), ("03",),
+           "compile times in fresh processes; decode rates with each side in its own worker process", minutes=8),
+    Stored("compiled_bench_avx2.json", "env ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 labkit bench --only compiled --json {out}",
+           ("labkit/benchmarks/compiled.py", "labkit/benchmarks/step.py", "labkit/benchmarks/step_compiled.py",
+            "labkit/generation/profile.py", *PEERS, *MODEL, *TIMING), ("03",),
+           "as compiled_bench.json, every process under the AVX2 emulation", minutes=8),
+    Stored("kernel_bench.json", "labkit bench --only kernel --json {out}",
+           ("labkit/benchmarks/kernel.py", "labkit/generation/profile.py", "labkit/benchmarks/speculative.py",
+            "labkit/speculative", "labkit/generation/reply.py", *PEERS, *MODEL, *TIMING),
+           ("03", "06", "07"),
+           "products and T(k) interleaved in one process; decode and prompt lookup with each side in its own worker "
+           "process, rounds alternating; AVX2 emulation against an AVX2-only llama.cpp when LABKIT_LLAMA_AVX2 names "
+           "one", minutes=12),
+    Stored("kv_compression.json", "python -m labkit.benchmarks.kv_compression --json {out}",
+           ("labkit/benchmarks/kv_compression.py", "labkit/benchmarks/kvcache.py", "labkit/metrics",
+            "labkit/generation/latency.py", "labkit/generation/compression.py", "labkit/generation/passkey.py",
+            "labkit/train/compare.py", *MODEL, *TIMING), ("04",),
+           "quality on fixed windows (deterministic); ITL timed in one process", minutes=20),
+    Stored("quant_quality.json", "labkit bench --only quality --json {out}",
+           ("labkit/benchmarks/quality.py", "labkit/metrics", *MODEL), ("06",),
+           "quality on fixed windows of held-out text (deterministic, no timing)", minutes=6),
+    Stored("gemma3_quality.json", "labkit bench --only gemma3_quality --json {out}",
+           ("labkit/benchmarks/gemma3_quality.py", "labkit/metrics", "labkit/tokenizer/spm.py", *MODEL), ("06",),
+           "quality on fixed windows of held-out text (deterministic, no timing)", minutes=6),
+    Stored("serving_spec.json", "python -m labkit.benchmarks.serving_spec --json {out}",
+           ("labkit/benchmarks/serving_spec.py", *SERVING, *MODEL, *TIMING), ("09",),
+           "greedy replies recorded once; pass costs timed in one process; the replay simulated", minutes=10),
+    Stored("serving_spec_live.json", "python -m labkit.benchmarks.serving_spec_live --model float32 --drafters "
+           "'prompt lookup' --budgets 'fixed:3,auto' --json {out}",
+           ("labkit/benchmarks/serving_spec_live.py", *SERVING, *MODEL, *TIMING), ("09",),
+           "live engine runs at each load and seed, interleaved by seed", inputs=("serving_spec.json",), minutes=15),
+    Stored("serving_spec_live_native.json", "python -m labkit.benchmarks.serving_spec_live --model native --json {out}",
+           ("labkit/benchmarks/serving_spec_live.py", *SERVING, *MODEL, *TIMING), ("09",),
+           "live engine runs at each load and seed, interleaved by seed", inputs=("serving_spec.json",), minutes=25),
+)}
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _peers() -> dict:
+    from labkit.benchmarks import workers
+
+    return dict(workers.PEERS_SEEN)
+
+
+def stamp(report: dict, path, command: str | None = None) -> dict:
+    """`report` with its `provenance` record (module docstring) for the file `path`; sources and protocol from
+    `STORED` when the file is one of its names, else the whole `labkit/` package."""
+    from labkit.measure.cpu import cpu_info
+
+    entry = STORED.get(Path(path).name)
+    sources = entry.sources if entry else ("labkit",)
+    report = dict(report)
+    report["provenance"] = {
+        "command": command or " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "protocol": entry.protocol if entry else "as the bench prints it",
+        "cpu": report.get("cpu") or cpu_info(),
+        "peers": _peers(),
+        "inputs": {f: _sha(ROOT / "data" / f) for f in (entry.inputs if entry else ())},
+        "code": code_record(sources),
+    }
+    return report
+
+
+def status(name: str, data_dir: Path | None = None) -> tuple[str, str]:
+    """("fresh" | "older code" | "no record" | "missing", why) for the stored file `name`."""
+    entry = STORED[name]
+    path = (data_dir or ROOT / "data") / name
+    if not path.is_file():
+        return "missing", "the file is not there"
+    rec = json.loads(path.read_text()).get("provenance")
+    if not rec or "code" not in rec:
+        return "no record", "the file does not record which code made it"
+    moved = changed(rec["code"], code_record(entry.sources))
+    moved += [f"data/{f} (re-made since)" for f, sha in rec.get("inputs", {}).items()
+              if not (ROOT / "data" / f).is_file() or _sha(ROOT / "data" / f) != sha]
+    moved += [f"data/{f} (read, not recorded)" for f in entry.inputs if f not in rec.get("inputs", {})]
+    if moved:
+        return "older code", ", ".join(moved[:6]) + (f" and {len(moved) - 6} more" if len(moved) > 6 else "")
+    return "fresh", rec.get("command", "")
+
+
+def check(data_dir: Path | None = None, out=print) -> int:
+    """Print every stored file's status; 1 when a file a chapter reads is not fresh, else 0."""
+    bad = 0
+    for name, entry in STORED.items():
+        state, why = status(name, data_dir)
+        out(f"{state:10s} data/{name} (chapters {', '.join(entry.chapters)}): {why}")
+        if state != "fresh":
+            bad += 1
+            out(f"           re-make it: {entry.command.format(out='data/' + name)}   (or: make evidence)")
+    out(f"{len(STORED) - bad} of {len(STORED)} stored files fresh" + ("" if not bad else "; make evidence re-makes the rest"))
+    return 1 if bad else 0
+
+
+def remake(names=None, log_dir: Path | None = None, out=print) -> int:
+    """Re-make each named (default: every) stored file that is not fresh, in order, each bench in its own process."""
+    from labkit.data.files import write_sums
+
+    names = list(names or STORED)
+    unknown = [n for n in names if n not in STORED]
+    if unknown:
+        raise ValueError(f"names must be stored files among {sorted(STORED)}, got {unknown}")
+    log_dir = log_dir or ROOT / ".build" / "evidence"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for i, name in enumerate(names, 1):
+        state, _ = status(name)
+        if state == "fresh":
+            out(f"[{i}/{len(names)}] data/{name}: fresh, kept")
+            continue
+        entry, tmp, log = STORED[name], log_dir / name, log_dir / (name + ".log")
+        cmd = entry.command.format(out=shlex.quote(str(tmp)))
+        out(f"[{i}/{len(names)}] data/{name}: {state}; running (about {entry.minutes} min; log {log})", flush=True)
+        start = now()
+        with open(log, "w") as f:
+            env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+            code = subprocess.call(cmd, shell=True, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+        minutes = (now() - start) / 60
+        if code != 0 or not tmp.is_file():
+            failed += 1
+            out(f"      failed after {minutes:.1f} min (exit {code}); the stored file is unchanged; see {log}")
+            continue
+        report = json.loads(tmp.read_text())
+        report["provenance"]["command"] = entry.command.format(out=f"data/{name}")
+        report["provenance"]["wall_s"] = minutes * 60
+        (ROOT / "data" / name).write_text(json.dumps(report, default=float) + "\n")
+        tmp.unlink()
+        write_sums()
+        out(f"      wrote data/{name} in {minutes:.1f} min", flush=True)
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("check", "run"))
+    p.add_argument("--only", nargs="*", metavar="FILE", help="stored files to re-make (run)")
+    args = p.parse_args(argv)
+    if args.action == "check":
+        return check()
+    return remake(args.only, out=lambda *a, **k: print(*a, flush=True))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
