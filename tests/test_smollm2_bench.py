@@ -28,14 +28,22 @@ def test_roofline_fraction_pairs_each_round_with_its_own_sample():
         bench.roofline_fraction(1e9, 10, [1.0, 1.0], [20.0])
 
 
-def test_quant_bench_interleaves_the_contenders_within_each_round():
+def test_quant_bench_times_every_contender_each_round_with_its_prefill_untimed():
     from labkit.benchmarks import quant
 
-    order = []
-    got = quant._interleaved({"a": 1, "b": 2}, lambda e, warm: order.append((e, warm)) or e * 10, rounds=2,
-                             between=lambda: order.append("roof"))
-    assert got == {"a": [10, 10], "b": [20, 20]}
-    assert order == [(1, True), (2, True), "roof", (1, False), (2, False), "roof", (1, False), (2, False)]
+    events = []
+
+    def decoder(tag, ids, n):
+        return (lambda: events.append(("setup", tag))), (lambda: events.append(("call", tag, n)))
+
+    contenders = {"a": (decoder, None, "a", 1), "b": (decoder, None, "b", 2)}
+    run = quant._decode_run(contenders, [1, 2], 4, rounds=3, between=lambda: events.append("roof"))
+    assert run["a"].rounds == run["b"].rounds == 3 and run.paired and run["a"].per == "token"
+    timed = events[4:]  # after one untimed warm-up each
+    assert timed.count("roof") == 3 and timed.count(("call", "a", 4)) == timed.count(("call", "b", 4)) == 3
+    for i, e in enumerate(timed):  # every call right after its own setup
+        if isinstance(e, tuple) and e[0] == "call":
+            assert timed[i - 1] == ("setup", e[1])
 
 
 def test_llama_cpp_peer_decodes_the_same_file_when_installed():

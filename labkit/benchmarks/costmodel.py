@@ -1,10 +1,6 @@
 """Cost and power sliders: the time from a slider move to a redrawn figure (budget: 100 ms)."""
 from __future__ import annotations
 
-import statistics
-
-from labkit.measure.clock import now as clock_now
-
 TITLE = "cost and power widgets: slider callback time (budget 100 ms)"
 BUDGET_MS = 100.0
 
@@ -26,18 +22,22 @@ MOVES = [
 ]
 
 
-def _time_moves(box, control: str, values, repeat: int) -> list[float]:
-    widget = box.controls[control]
-    times = []
-    for i in range(repeat):
-        value = values[i % 2]
-        start = clock_now()
-        widget.value = value          # observe() runs the callback synchronously
-        times.append((clock_now() - start) * 1e3)
-    return times
+def _time_moves(box, control: str, values, repeat: int):
+    """A `measure.Timing` of `repeat` moves of the control, between its two values (each call one move)."""
+    from labkit import measure
+
+    widget, moves = box.controls[control], [0]
+
+    def move():
+        widget.value = values[moves[0] % 2]  # observe() runs the callback synchronously
+        moves[0] += 1
+
+    return measure.run({control: move}, rounds=repeat, warmup=0, machine=False, loops=1)[control]
 
 
 def run(quick: bool = False) -> dict:
+    from labkit import measure
+    from labkit.measure.stats import median_interval
     from labkit.widgets import power, roofline
 
     makers = {name: getattr(power, name, None) or getattr(roofline, name) for name, _, _ in MOVES}
@@ -45,11 +45,14 @@ def run(quick: bool = False) -> dict:
     repeat = 4 if quick else 10
     results = {}
     for name, control, values in MOVES:
-        times = _time_moves(boxes[name], control, values, repeat)
+        t = _time_moves(boxes[name], control, values, repeat)
         key = f"{name}.{control}"
-        results[key] = {"median_ms": statistics.median(times), "max_ms": max(times)}
-        flag = "" if results[key]["median_ms"] <= BUDGET_MS else "   OVER BUDGET"
-        print(f"  {key:32s} median {results[key]['median_ms']:6.1f} ms   max {results[key]['max_ms']:6.1f} ms{flag}")
+        lo, hi = median_interval(t.samples, 0.95)
+        results[key] = {"median_ms": t.median * 1e3, "max_ms": t.max * 1e3, "samples_s": list(t.samples)}
+        verdict = measure.claim(f"{key}: the median callback within {BUDGET_MS:.0f} ms", t.median * 1e3,
+                                interval=(lo * 1e3, hi * 1e3), high=BUDGET_MS)
+        results[key]["verdict"] = verdict.verdict
+        print(f"  {verdict} (max {t.max * 1e3:.1f} ms)")
     worst = max(r["median_ms"] for r in results.values())
     print(f"  worst median {worst:.1f} ms (budget {BUDGET_MS:.0f} ms)")
     return {"callbacks": results, "worst_median_ms": worst, "budget_ms": BUDGET_MS}

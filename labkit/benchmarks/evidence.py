@@ -28,7 +28,8 @@ from pathlib import Path
 from labkit.measure.clock import now
 from labkit.measure.provenance import ROOT, changed, code_record
 
-__all__ = ["Stored", "STORED", "stamp", "status", "check", "remake", "main"]
+__all__ = ["Stored", "STORED", "stamp", "status", "check", "remake", "main", "load", "made_by", "decode_runs",
+           "peer_table", "DECODE_RUNS", "PEER"]
 
 TIMING = ("labkit/measure/run.py", "labkit/measure/clock.py", "labkit/measure/cpu.py")
 MODEL = ("labkit/model", "labkit/quant", "labkit/kvcache", "labkit/generation/stages.py")
@@ -155,8 +156,9 @@ def check(data_dir: Path | None = None, out=print) -> int:
     return 1 if bad else 0
 
 
-def remake(names=None, log_dir: Path | None = None, out=print) -> int:
-    """Re-make each named (default: every) stored file that is not fresh, in order, each bench in its own process."""
+def remake(names=None, log_dir: Path | None = None, out=print, force: bool = False) -> int:
+    """Re-make each named (default: every) stored file that is not fresh (`force`: fresh ones too, e.g. after a run
+    on a machine that was busy), in order, each bench in its own process."""
     from labkit.data.files import write_sums
 
     names = list(names or STORED)
@@ -168,12 +170,13 @@ def remake(names=None, log_dir: Path | None = None, out=print) -> int:
     failed = 0
     for i, name in enumerate(names, 1):
         state, _ = status(name)
-        if state == "fresh":
+        if state == "fresh" and not force:
             out(f"[{i}/{len(names)}] data/{name}: fresh, kept")
             continue
         entry, tmp, log = STORED[name], log_dir / name, log_dir / (name + ".log")
         cmd = entry.command.format(out=shlex.quote(str(tmp)))
         out(f"[{i}/{len(names)}] data/{name}: {state}; running (about {entry.minutes} min; log {log})", flush=True)
+        before = code_record(entry.sources)
         start = now()
         with open(log, "w") as f:
             env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -184,6 +187,10 @@ def remake(names=None, log_dir: Path | None = None, out=print) -> int:
             out(f"      failed after {minutes:.1f} min (exit {code}); the stored file is unchanged; see {log}")
             continue
         report = json.loads(tmp.read_text())
+        if code_record(entry.sources) != before:  # the code changed while it ran: record what it ran, so it reads stale
+            report["provenance"]["code"] = before
+            out(f"      the code it measures changed during the run: data/{name} is recorded as made by the code "
+                "at its start (stale now)")
         report["provenance"]["command"] = entry.command.format(out=f"data/{name}")
         report["provenance"]["wall_s"] = minutes * 60
         (ROOT / "data" / name).write_text(json.dumps(report, default=float) + "\n")
@@ -193,16 +200,79 @@ def remake(names=None, log_dir: Path | None = None, out=print) -> int:
     return 1 if failed else 0
 
 
+# where each stored file keeps its decode run (each side in its own worker process, rounds alternating)
+DECODE_RUNS = {"step_bench.json": ("step", "tok_s_run"), "compiled_bench.json": ("compiled", "tok_s_run"),
+               "compiled_bench_avx2.json": ("compiled", "tok_s_run"),
+               "kernel_bench.json": ("kernel", "decode", "native", "run")}
+PEER = "llama.cpp"  # a variant whose name starts with this is the peer
+
+
+def load(name: str) -> dict:
+    """The stored report `data/NAME` (one of `STORED`)."""
+    if name not in STORED:
+        raise ValueError(f"name must be a stored file among {sorted(STORED)}, got {name!r}")
+    return json.loads((ROOT / "data" / name).read_text())
+
+
+def made_by(name: str) -> str:
+    """One line on what made a stored file: the code (fresh or not), the command, the CPU and the peers' builds."""
+    from labkit.measure.cpu import describe
+
+    report, (state, why) = load(name), status(name)
+    rec = report.get("provenance") or {}
+    code = ("made by today's code" if state == "fresh" else f"NOT made by today's code ({state}: {why})")
+    peers = "; ".join(f"{p['name']} {p['version']} ({p['system_info'].strip().rstrip('|').strip()})"
+                      for p in rec.get("peers", {}).values())
+    return (f"data/{name}: {code}, `{rec.get('command', '?')}`, on {describe(rec.get('cpu') or report.get('cpu'))}"
+            + (f"; peer: {peers}" if peers else ""))
+
+
+def decode_runs() -> dict:
+    """{file: `measure.Run`} of every stored decode run that has the peer in it (tokens/s of each side, paired
+    rounds), read back with their pairing (`Run.from_dict`)."""
+    from labkit.measure import Run
+
+    out = {}
+    for name, path in DECODE_RUNS.items():
+        if not (ROOT / "data" / name).is_file():
+            continue
+        node = load(name)["results"]
+        for key in path:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict) and "variants" in node and any(v.startswith(PEER) for v in node["variants"]):
+            out[name] = Run.from_dict(node)
+    return out
+
+
+def peer_table() -> list[dict]:
+    """One row per stored file with a decode run: the peer's tokens/s there, labkit's fastest side in the same rounds
+    and their `measure.compare` (a ratio with its interval, from paired rounds): each file's figures side by side in
+    one run, never set against another file's."""
+    from labkit import measure
+
+    rows = []
+    for name, run in decode_runs().items():
+        peer = next(v for v in run if v.startswith(PEER))
+        best = min((v for v in run if v != peer), key=lambda v: run[v].median)
+        rows.append({"file": name, "peer": peer, "peer_tok_s": 1 / run[peer].median, "labkit": best,
+                     "labkit_tok_s": 1 / run[best].median, "rounds": run[peer].rounds,
+                     "compare": measure.compare(run[best], run[peer])})
+    return rows
+
+
 def main(argv=None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("action", choices=("check", "run"))
     p.add_argument("--only", nargs="*", metavar="FILE", help="stored files to re-make (run)")
+    p.add_argument("--force", action="store_true", help="re-make the named files even when fresh (run)")
     args = p.parse_args(argv)
     if args.action == "check":
         return check()
-    return remake(args.only, out=lambda *a, **k: print(*a, flush=True))
+    if args.force and not args.only:
+        p.error("--force needs --only FILE ...: name the files to re-make")
+    return remake(args.only, out=lambda *a, **k: print(*a, flush=True), force=args.force)
 
 
 if __name__ == "__main__":

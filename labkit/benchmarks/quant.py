@@ -6,8 +6,11 @@ from the GGUF file's own Q4_1 blocks, with int8 activations and integer dot prod
 Q4_1 W4A8 on `torch._int_mm`) and in MXFP4 / NVFP4 (their reference path: the dequantized
 weights multiplied in float32, so their speed is float32's, listed for the bytes); Hugging Face transformers (float32 and bfloat16, read
 from the same file) and llama.cpp (the same Q4_1 file) decode the same prompt when they are
-installed. Rounds are interleaved across all of them so machine noise hits all alike, and
-every figure is a median over rounds. A decode step reads every weight once, so bytes per
+installed. Every timing is one `labkit.measure.run`: each round runs every contender once, in a
+fresh random order, its prefill untimed (`setup`), so machine noise hits all alike; every figure
+is a median over rounds, and each target is a `measure.claim` on a `measure.compare` of paired
+rounds (the peers run in this process, beside labkit: `labkit bench --only kernel` and `step` run
+each side in its own process for the stored comparisons). A decode step reads every weight once, so bytes per
 token and the GB/s they imply are printed next to the speed, with this machine's
 streaming-read bandwidth (sampled every round) as the roofline: the roofline's tokens/s
 for a format is bandwidth / bytes per token. Prefill (time to first token) at 64 and 512
@@ -16,8 +19,6 @@ prompt tokens of the held-out play follows, for the same contenders.
 from __future__ import annotations
 
 import statistics
-
-from labkit.measure.clock import now as clock_now
 
 TITLE = ("SmolLM2 decode tokens/s and prefill TTFT by weight format (fp32, bf16, int8, int4, GGUF Q4_1, W8A8, MXFP4, "
          "NVFP4) vs transformers and llama.cpp, and one product in every kernel")
@@ -28,27 +29,70 @@ TARGETS = [("bfloat16", "transformers bfloat16", 1.3), ("int8 RTN, bf16 act", "f
            ("int4 RTN g32, bf16 act", "float32", 2.5)]
 
 
-def _labkit_decode(model, ids: list[int], n: int) -> float:
+def _labkit_decoder(model, ids: list[int], n: int):
+    """(setup, call): the prefill (untimed) and `n` greedy decode steps after it."""
     import labkit
 
-    state = labkit.prefill(model, ids, max_len=len(ids) + n + 1)
-    start = clock_now()
-    labkit.decode(model, state, n)
-    return (clock_now() - start) / n
+    state = {}
+
+    def setup():
+        state["s"] = labkit.prefill(model, ids, max_len=len(ids) + n + 1)
+
+    return setup, lambda: labkit.decode(model, state["s"], n)
 
 
-def _labkit_prefill(model, ids: list[int]) -> float:
+def _labkit_prefill(model, ids: list[int]) -> None:
     import labkit
 
-    start = clock_now()
     labkit.prefill(model, ids, max_len=len(ids) + 1)
-    return clock_now() - start
 
 
-def _transformers_decode(model, ids: list[int], n: int) -> float:
-    from labkit.benchmarks.smollm2 import transformers_decode
+def _transformers_decoder(model, ids: list[int], n: int):
+    import inspect
 
-    return transformers_decode(model, ids, n) / n
+    import torch
+
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # renamed in 5.x
+    state = {}
+
+    def setup():
+        with torch.inference_mode():
+            out = model(torch.tensor([ids]), use_cache=True)
+        state["past"], state["token"] = getattr(out, key), out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def call():
+        with torch.inference_mode():
+            for _ in range(n):
+                out = model(state["token"], use_cache=True, **{key: state["past"]})
+                state["past"], state["token"] = getattr(out, key), out.logits[:, -1].argmax(-1, keepdim=True)
+
+    return setup, call
+
+
+def _transformers_prefill(model, ids: list[int]) -> None:
+    import torch
+
+    with torch.inference_mode():
+        model(torch.tensor([ids]), use_cache=True)
+
+
+def _llama_decoder(llm, ids: list[int], n: int):
+    import numpy as np
+
+    def setup():
+        llm.reset()
+        llm.eval(ids)
+
+    def call():
+        for _ in range(n):
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+
+    return setup, call
+
+
+def _llama_prefill(llm, ids: list[int]) -> None:
+    llm.reset()
+    llm.eval(ids)
 
 
 def _contenders(bf16):
@@ -72,18 +116,18 @@ def _contenders(bf16):
             f"Q4_1 W4A8, {sums}": quantize_model(model, fmt="Q4_1", activations="int8"),
             "MXFP4 (fp32 product)": quantize_model(model, fmt="MXFP4"),
             "NVFP4 (fp32 product)": quantize_model(model, fmt="NVFP4")}
-    out = {name: (_labkit_decode, _labkit_prefill, m, model_nbytes(m)) for name, m in mine.items()}
+    out = {name: (_labkit_decoder, _labkit_prefill, m, model_nbytes(m)) for name, m in mine.items()}
     for dtype, like in ((model.tok_embeddings.weight.dtype, "float32"), (bf16, "bfloat16")):
         peer = load_transformers(dtype)
         if peer is None:
             print("  transformers (+ accelerate) is not installed: no transformers rows")
             break
-        out[f"transformers {like}"] = (_transformers_decode, peers.transformers_prefill, peer, out[like][3])
+        out[f"transformers {like}"] = (_transformers_decoder, _transformers_prefill, peer, out[like][3])
     llm = peers.load_llama_cpp()
     if llm is None:
         print("  llama-cpp-python is not installed (pip install -e '.[peers]'): no llama.cpp row")
     else:
-        out["llama.cpp Q4_1"] = (peers.llama_cpp_decode, peers.llama_cpp_prefill, llm, out["GGUF Q4_1 as stored"][3])
+        out["llama.cpp Q4_1"] = (_llama_decoder, _llama_prefill, llm, out["GGUF Q4_1 as stored"][3])
     return out, tok
 
 
@@ -116,17 +160,24 @@ def products(model, rounds: int = 5) -> dict:
     return {k: {"us": us[k], "bytes": b, "gb_s": b / us[k] / 1e3 if b else None} for k, (_, b) in layers.items()}
 
 
-def _interleaved(contenders: dict, run_one, rounds: int, between=None) -> dict:
-    """name -> list of run_one(entry) results, one per round, the contenders taking turns within a round."""
-    for entry in contenders.values():  # warm-up
-        run_one(entry, warm=True)
-    got = {name: [] for name in contenders}
-    for _ in range(rounds):
-        if between is not None:
+def _decode_run(contenders: dict, ids: list[int], n: int, rounds: int, between=None):
+    """A `measure.Run` of `n` decode steps of every contender (seconds per token), its prefill untimed before each;
+    `between()` runs (untimed) once a round, before the first contender's call."""
+    from labkit import measure
+
+    made = {name: e[0](e[2], ids, n) for name, e in contenders.items()}
+    first = {"name": next(iter(made))}
+
+    def setup(name):
+        if name == first["name"] and between is not None:
             between()
-        for name, entry in contenders.items():
-            got[name].append(run_one(entry, warm=False))
-    return got
+        made[name][0]()
+
+    for warm_setup, warm_call in made.values():  # warm-up, untimed
+        warm_setup()
+        warm_call()
+    return measure.run({name: call for name, (_, call) in made.items()}, rounds=rounds, warmup=0, per=n, unit="token",
+                       setup=setup, machine=False, loops=1)
 
 
 def run(quick: bool = False) -> dict:
@@ -145,14 +196,13 @@ def run(quick: bool = False) -> dict:
         print(f"  skipped: {exc}")
         return {"skipped": str(exc)}
     ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
-    n, rounds = (16, 3) if quick else (48, 7)
+    n, rounds = (16, 6) if quick else (48, 8)  # 6 paired rounds: the fewest a 95 % interval needs
     roof = []
-    steps = _interleaved(contenders, lambda e, warm: e[0](e[2], ids, 4 if warm else n), rounds,
-                         between=lambda: roof.append(read_bandwidth_gb_s(seconds=0.3)))
-    bw = statistics.median(roof)
-    print(f"  torch threads: {torch.get_num_threads()}; {n} greedy tokens per round, {rounds} rounds interleaved; "
-          f"streaming read {bw:.1f} GB/s (median of rounds, {min(roof):.1f}-{max(roof):.1f})")
-    rate = {name: 1 / statistics.median(s) for name, s in steps.items()}
+    steps = _decode_run(contenders, ids, n, rounds, between=lambda: roof.append(read_bandwidth_gb_s(seconds=0.3)))
+    bw = statistics.median(roof)  # the streaming read, a roofline sample per round (not a timing of the contenders)
+    print(f"  torch threads: {torch.get_num_threads()}; {n} greedy tokens per round, {rounds} rounds, each in a fresh "
+          f"random order; streaming read {bw:.1f} GB/s (median of rounds, {min(roof):.1f}-{max(roof):.1f})")
+    rate = {name: 1 / t.median for name, t in steps.items()}
     peer = max((r for name, r in rate.items() if name.startswith("transformers")), default=None)
     llama = rate.get("llama.cpp Q4_1")
     print(f"  {'format':24s} {'MB/token':>9s} {'tokens/s':>9s} {'vs fp32':>8s} {'vs HF':>6s} {'vs llama':>8s} "
@@ -169,14 +219,19 @@ def run(quick: bool = False) -> dict:
               f"{fmt(r['vs_transformers_best'])} {fmt(r['vs_llama_cpp']):>8s} {r['gb_s']:6.1f} {r['roofline_tokens_per_s']:15.0f}")
     print("  (vs HF: against transformers' faster dtype on this machine; vs llama: against llama.cpp on the Q4_1 file)")
     targets = []
+    from labkit import measure
+
+    labkit_names = [k for k in rows if not k.startswith(("transformers", "llama"))]
     for name, against, goal in TARGETS + ([("fastest labkit", "llama.cpp Q4_1", 0.5)] if llama else []):
         if against not in rate:
             continue
-        mine = max(v for k, v in rate.items() if k in rows and not k.startswith(("transformers", "llama"))) \
-            if name == "fastest labkit" else rate[name]
-        ratio = mine / rate[against]
-        targets.append({"format": name, "against": against, "ratio": ratio, "target": goal, "met": ratio >= goal})
-        print(f"  target {name} >= {goal}x {against}: {ratio:.2f}x, {'met' if ratio >= goal else 'NOT met'}")
+        mine = max(labkit_names, key=rate.get) if name == "fastest labkit" else name
+        c = measure.compare(steps[mine], steps[against])
+        verdict = measure.claim(f"target {mine} >= {goal}x {against}", c, low=goal,
+                                selected_from=len(labkit_names) if name == "fastest labkit" else 1)
+        targets.append({"format": mine, "against": against, "compare": c.as_dict(), "target": goal,
+                        "claim": verdict.as_dict()})
+        print(f"  {verdict}")
     per_product = products(contenders["float32"][2], rounds=3 if quick else 7)
     print(f"  one product, SmolLM2 block 0 gate+up {tuple(contenders['float32'][2].layers[0].mlp.w_gate_up.weight.shape)}, "
           "one input row (interleaved, median):")
@@ -186,8 +241,9 @@ def run(quick: bool = False) -> dict:
     prefill = {}
     for p in PREFILL_TOKENS:
         pids = held_out_ids(tok, p)
-        got = _interleaved(contenders, lambda e, warm: e[1](e[2], pids), 1 if quick else 3)
-        prefill[p] = {name: statistics.median(s) for name, s in got.items()}
+        got = measure.run({name: (lambda e=e: e[1](e[2], pids)) for name, e in contenders.items()},
+                          rounds=1 if quick else 3, warmup=0, machine=False, loops=1)
+        prefill[p] = {name: t.median for name, t in got.items()}
     print(f"  prefill, time to first token (ms), median of {1 if quick else 3}:")
     print(f"  {'format':24s} " + " ".join(f"{f'{p} tokens':>11s} {'tok/s':>6s}" for p in PREFILL_TOKENS))
     for name in contenders:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import statistics
 
 from labkit.measure.clock import now as clock_now
@@ -171,11 +170,13 @@ def run(quick: bool = False) -> dict:
 
     print(f"  torch {torch.__version__}, {torch.get_num_threads()} threads; the streaming-read roofline "
           f"(a sum over 256 MB) is sampled in every round, next to the decode runs")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if load > 0.5 * (os.cpu_count() or 1):
-        print(f"  note: the machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs); "
-              "both implementations suffer alike, but absolute figures are low and noisy; with cores busy, "
-              "torch.set_num_threads(1) decodes faster than two threads")
+    from labkit import measure
+
+    state = measure.machine_state(cpu=False)
+    load = (state["loadavg"] or [0.0])[0]
+    if state["busy"]:
+        print(f"  note: the machine is busy (load average {load:.1f} on {state['cores']} CPUs): interleaved rounds "
+              "hit both implementations alike, but absolute figures are low and noisy")
     model, tok = labkit.load("smollm2-135m")
     prompt_ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
     reference = load_transformers(torch.float32)
@@ -205,8 +206,10 @@ def run(quick: bool = False) -> dict:
                "roofline_samples_gb_s": roof, "roofline_fraction": fraction}
         line = f"  {name:9s} labkit {rates['labkit']:6.1f} tok/s"
         if "transformers" in rates:
-            row["speedup"] = rates["labkit"] / rates["transformers"]
-            line += f" | transformers {rates['transformers']:6.1f} tok/s | {row['speedup']:.2f}x"
+            paired = measure.Run.from_samples(times, paired=True)  # the contenders took turns in every round
+            vs = measure.compare(paired["labkit"], paired["transformers"])
+            row["speedup"], row["vs_transformers"] = vs.speedup, vs.as_dict()
+            line += f" | transformers {rates['transformers']:6.1f} tok/s | {vs}"
         print(line)
         if "labkit-other" in rates:
             other = roofline_fraction(read["total"], n_tokens, times["labkit-other"], roof)

@@ -18,6 +18,7 @@ import statistics
 
 import torch
 
+from labkit import checks
 from labkit.measure.clock import now as clock_now
 
 __all__ = ["filler_ids", "ttft_sweep", "itl_sweep", "time_steps", "generate_without_cache", "generate_with_cache",
@@ -39,20 +40,24 @@ def _check_lengths(name: str, values) -> list[int]:
 
 @torch.inference_mode()
 def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
-    """Median prefill time (the TTFT without tokenizing) for each prompt length."""
+    """Median prefill time (the TTFT without tokenizing) for each prompt length, with every sample ("samples"):
+    one `labkit.measure.run`, the lengths interleaved in a fresh order each round (a prompt of fresh ids each call)."""
+    from labkit import measure
     from labkit.generation.stages import prefill
 
     prompt_lens = _check_lengths("prompt_lens", prompt_lens)
+    checks.positive_int("repeat", repeat)
     prefill(model, filler_ids(8, model.config.vocab_size), max_len=8)  # warm-up
-    times: dict[int, list[float]] = {p: [] for p in prompt_lens}
-    for r in range(repeat):
-        for p in prompt_lens:  # interleaved: every length sees the same machine
-            ids = filler_ids(p, model.config.vocab_size, seed=r)
-            start = clock_now()
-            state = prefill(model, ids, max_len=p + 1)
-            int(state.logits.argmax())  # the first token
-            times[p].append(clock_now() - start)
-    return [{"prompt_len": p, "ttft_s": statistics.median(times[p])} for p in prompt_lens]
+    calls = {p: 0 for p in prompt_lens}
+
+    def first_token(p: int) -> None:
+        state = prefill(model, filler_ids(p, model.config.vocab_size, seed=calls[p]), max_len=p + 1)
+        int(state.logits.argmax())  # the first token
+        calls[p] += 1
+
+    run = measure.run({str(p): (lambda p=p: first_token(p)) for p in prompt_lens}, rounds=repeat, warmup=0,
+                      machine=False, loops=1)
+    return [{"prompt_len": p, "ttft_s": run[str(p)].median, "samples": list(run[str(p)].samples)} for p in prompt_lens]
 
 
 def time_steps(model, runs: list[list], steps: int, samples: bool = False) -> list:

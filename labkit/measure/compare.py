@@ -204,7 +204,7 @@ def _looks(rounds: int, max_rounds: int, alpha: float = 0.05) -> list[int]:
 Variant = Union[Callable[[], object], Timing]
 
 
-def compare(a: Variant, b: Variant, margin: float = 0.03, *, rounds: int = 10, max_rounds: int = 40, warmup: int = 1,
+def compare(a: Variant, b: Variant, margin: float = 0.03, *, rounds: int = 10, max_rounds: int = 80, warmup: int = 1,
             alpha: float = 0.05, names: tuple[str, str] = ("a", "b"), per: float = 1.0, unit: str = "call",
             clock: Clock = now, setup: Callable[[str], object] | None = None, machine: bool | dict = False) -> Comparison:
     """Compare a with b: two zero-argument callables (timed here, interleaved) or two `Timing`s of `run`.
