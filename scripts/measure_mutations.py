@@ -56,7 +56,6 @@ MUTANTS = {
  "8 pairing lost on save": (lambda m: m.set(rm.Run, "as_dict", lambda self: {"variants": {n: t.as_dict() for n, t in self.timings.items()}, "warmup": 0, "paired": True}), [T.test_pairing_survives_saving_and_loading]),
  "9a 90 % labelled 95 %": (lambda m: m.set(cm, "median_interval", lambda xs, c: real_mi(xs, c - 0.05)), [T.test_a_paired_interval_covers_at_its_stated_level]),
  "9b unpaired at 90 %": (lambda m: m.set(cm, "median_difference_interval", lambda a, b, c: real_mdi(a, b, c - 0.05)), [T.test_unpaired_interval_covers_at_its_level_with_equal_shapes]),
- "9c alpha ignored": (lambda m: m.set(cm.compare, "__code__", cm.compare.__code__) or m.set(cm, "_looks", lambda r, mr, alpha=0.05: [r] if r == mr else cm_looks_orig(r, mr)), []),
  "9d rounds unpaired": (lambda m: m.set(cm, "_interval", never_paired), [T.test_pairing_decides_under_drift_where_unpaired_cannot]),
  "9e no equivalence test in 'same'": (lambda m: m.set(cm, "decide", lambda lo, hi, mg: "faster" if hi < 1 else "slower" if lo > 1 else "same within margin"), [T0.test_a_noisy_pair_is_inconclusive_not_judged]),
  "9f alpha over the looks so far": (None, [lambda: T.test_every_look_uses_alpha_over_all_planned_looks(pytest.MonkeyPatch())]),
@@ -72,9 +71,14 @@ cm_looks_orig = cm._looks
 
 def alpha_ignored(m):
     def ignoring(a, b, margin=0.03, **kw):
-        kw.pop("alpha", None); return real_compare(a, b, margin, **kw)
-    m.set(T, "synthetic_compare", lambda r, s, seed, **kw: (kw.pop("alpha", None), T0.synthetic_compare(r, s, seed, **kw))[1])
+        kw.pop("alpha", None)
+        return real_compare(a, b, margin, **kw)
+    m.set(cm, "compare", ignoring); m.set(measure, "compare", ignoring)
 MUTANTS["9c alpha ignored"] = (alpha_ignored, [T.test_alpha_is_used])
+real_holm = stats.holm
+MUTANTS["10 a family read without Holm"] = (
+    lambda m: m.set(cm, "holm", lambda ps, alpha=0.05: [p <= alpha for p in ps]),
+    [T.test_a_family_of_comparisons_keeps_its_error_rate])
 
 ok = True
 for name, (apply, tests) in MUTANTS.items():

@@ -36,11 +36,10 @@ MEDIAN_ALLOWED = {
     "labkit/benchmarks/calibrate.py": "not yet routed: the products' calibration (issue 60)",
     "labkit/benchmarks/smollm2.py": "rates from samples, then measure.compare for the verdict; roofline medians",
     "labkit/benchmarks/machinecheck.py": "not yet routed (issue 60)",
-    "labkit/serving/studies/parallel.py": "not yet routed (issue 60)",
-    "labkit/serving/studies/sweeps.py": "not yet routed (issue 60)",
-    "labkit/serving/studies/passcost.py": "not yet routed (issue 60)",
-    "labkit/speculative/costs.py": "not yet routed: measure_speedups (issue 60)",
-    "labkit/speculative/study.py": "not yet routed: race (issue 60)",
+    "labkit/serving/studies/parallel.py": "steps of a two-process run timed in sequence (each follows the last): "
+                                          "descriptive medians, printed without a verdict",
+    "labkit/serving/studies/sweeps.py": "engine steps timed in sequence (each step's state follows the last): "
+                                        "descriptive medians and percentiles, printed without a verdict",
     "labkit/speculative/mtp.py": "not yet routed (issue 60)",
 }
 

@@ -83,7 +83,6 @@ def one_point(model, rec, cost, rate, seed, drafters, heads_alpha, budgets=BUDGE
 def compare_rows(rows: list[dict], side: str) -> list[dict]:
     """Each (drafter, budget) against no speculation, paired by seed: ratio of off's metric to its (>1: better)."""
     from labkit import measure
-    from labkit.measure import Timing
 
     off = {r["seed"]: r[side] for r in rows if r["budget"] == "off"}
     out = []
@@ -92,9 +91,9 @@ def compare_rows(rows: list[dict], side: str) -> list[dict]:
         seeds = sorted(set(off) & set(mine))
         row = {"drafter": key[0], "budget": key[1]}
         for label, metric in METRICS.items():
-            a = Timing(f"{key[1]}", tuple(mine[s][metric] for s in seeds), run_id=1)
-            b = Timing("off", tuple(off[s][metric] for s in seeds), run_id=1)
-            c = measure.compare(a, b, margin=0.03)
+            paired = measure.Run.from_samples({key[1]: [mine[s][metric] for s in seeds],  # the same seeded trace
+                                               "off": [off[s][metric] for s in seeds]}, paired=True)
+            c = measure.compare(paired[key[1]], paired["off"], margin=0.03)
             row[label] = {"x": 1 / c.ratio, "low": 1 / c.high if c.high else float("inf"),
                           "high": 1 / c.low if c.low else float("inf"), "verdict": c.verdict}
         row["acceptance"] = sum(mine[s]["accepted"] for s in seeds) / max(1, sum(mine[s]["drafted"] for s in seeds))

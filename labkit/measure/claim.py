@@ -14,7 +14,8 @@ A measured value given without its interval is refused, never judged as if it we
 
 **Selection.** The best of N measured candidates carries a winner's curse: its own interval
 overstates it. `selected_from=N` says the value was picked as the best of N: a `Comparison` is
-judged on its interval widened to confidence 1 - alpha / N (Bonferroni over the candidates); a
+judged on its interval widened to the per-look confidence 1 - alpha / (looks x N) (Bonferroni over
+the looks and the candidates); a
 bare interval cannot be widened, so it may fail but not hold ("inconclusive: the best of N,
 confirm it on fresh rounds"). A chapter prints these objects; it does not compute holds / fails
 inline.
@@ -88,7 +89,7 @@ def claim(name: str, value, *, low: float | None = None, high: float | None = No
             raise ValueError("interval must be None and exact False when value is a Comparison (its own interval "
                              "is used)")
         if selected_from > 1:
-            value = value.at_confidence(1 - (1 - value.family) / selected_from)
+            value = value.at_confidence(1 - (1 - value.confidence) / selected_from)
             selected = f"the best of {selected_from}: interval widened to {value.confidence:.1%}"
         value, interval = value.speedup, value.speedup_interval
     elif interval is None and not exact:

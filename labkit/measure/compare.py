@@ -9,8 +9,8 @@ The rule (every verdict the lab prints about "faster" or "slower" comes from it)
 1. **The ratio.** Paired samples (a and b timed in the same rounds of one `run`): `ratio` is the
    median over rounds of a's time / b's time in that round, with the sign-test interval of that
    median: distribution-free, it holds whatever the noise looks like, as long as rounds are
-   independent. Unpaired samples (separate runs): `ratio` is median(a) / median(b), with the
-   Bonett-Price interval of the difference of log medians (`stats.median_difference_interval`),
+   independent. Unpaired samples (separate runs): `ratio` is exp(median(log a) - median(log b))
+   (median(a) / median(b) when the counts are odd), with the Bonett-Price interval of the difference of log medians (`stats.median_difference_interval`),
    which holds when a and b differ in shape (a tight against a spiky variant), where the
    Hodges-Lehmann / Mann-Whitney interval misses about 10 % at a nominal 5 %. It is approximate:
    every unpaired verdict says "unpaired", and pairing (one `run`) is the better design.
@@ -27,9 +27,10 @@ The rule (every verdict the lab prints about "faster" or "slower" comes from it)
    level beside it: after optional stopping the last look's interval covers less than its
    per-look level promises, but the family level holds.
 3. **The verdict**, from the last look's interval [low, high] of a / b:
-   "same within margin" when 1 / (1 + margin) <= low and high <= 1 + margin, **and** the ratio
-   of totals lies in that band too (a variant 3x slower on every tenth call costs 20 % more in
-   total while its typical call is the same: that is not "the same");
+   "same within margin" when 1 / (1 + margin) <= low and high <= 1 + margin, **and** the
+   interval of the ratio of totals (`totals_interval`, a seeded bootstrap over the rounds) lies
+   in that band too (a variant 3x slower on every tenth call costs 20 % more in total while its
+   typical call is the same: that is not "the same");
    otherwise "faster" when high < 1, "slower" when low > 1;
    otherwise "inconclusive" (the interval holds 1 and is wider than the margin): a run too
    noisy to read gets no verdict, and says how many rounds it took.
@@ -39,6 +40,7 @@ The rule (every verdict the lab prints about "faster" or "slower" comes from it)
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Union
@@ -46,9 +48,9 @@ from typing import Callable, Union
 from labkit import checks
 from labkit.measure.clock import Clock, now
 from labkit.measure.run import Timing, run
-from labkit.measure.stats import median_difference_interval, median_interval, sign_test_rank
+from labkit.measure.stats import holm, median_difference_interval, median_interval, sign_test_p, sign_test_rank
 
-__all__ = ["compare", "Comparison", "decide", "VERDICTS"]
+__all__ = ["compare", "Comparison", "decide", "VERDICTS", "family", "totals_interval"]
 
 VERDICTS = ("faster", "slower", "same within margin", "inconclusive")
 
@@ -96,13 +98,15 @@ class Comparison:
         return bool(self.machine and self.machine.get("busy"))
 
     def at_confidence(self, confidence: float) -> "Comparison":
-        """The same samples with the interval and verdict at another confidence (e.g. 1 - alpha / N for the best of N
-        candidates, a Bonferroni-widened interval: the winner's own interval overstates it)."""
+        """The same samples with the last look's interval and verdict at another per-look confidence (e.g.
+        1 - (1 - confidence) / N for the best of N candidates: a Bonferroni-widened interval, since the winner's own
+        interval overstates it). The planned looks are kept: the family level is 1 - (1 - confidence) x looks."""
         checks.probability("confidence", confidence, low_open=True, high_open=True)
         ratio, lo, hi, method, why = _interval(self.a, self.b, confidence)
+        why = why or _totals_why(lo, hi, self.margin, self.a, self.b)
         return Comparison(self.a, self.b, ratio, lo, hi, _verdict(lo, hi, self.margin, self.a, self.b, why),
-                          self.margin, confidence, self.rounds, self.looks, method, confidence, 1,
-                          why or _totals_why(lo, hi, self.margin, self.a, self.b), self.machine)
+                          self.margin, confidence, self.rounds, self.looks, method,
+                          max(0.0, 1 - (1 - confidence) * self.planned), self.planned, why, self.machine)
 
     @property
     def decided(self) -> bool:
@@ -171,11 +175,31 @@ def _interval(a: Timing, b: Timing, confidence: float) -> tuple[float, float, fl
     return math.exp(est), math.exp(lo), math.exp(hi), "unpaired: ratio of medians, Bonett-Price interval", ""
 
 
+def totals_interval(a: Timing, b: Timing, confidence: float = 0.95, resamples: int = 1000) -> tuple[float, float]:
+    """A bootstrap interval (percentile, seeded: the same samples give the same interval) of a's total time / b's:
+    rounds resampled together when a and b are paired, each side on its own otherwise."""
+    rng = random.Random(0)
+    xa, xb = list(a.samples), list(b.samples)
+    paired = a.run_id == b.run_id and a.run_id != 0 and len(xa) == len(xb)
+    ratios = []
+    for _ in range(resamples):
+        if paired:
+            idx = [rng.randrange(len(xa)) for _ in xa]
+            ratios.append(sum(xa[i] for i in idx) / sum(xb[i] for i in idx))
+        else:
+            ratios.append(sum(rng.choice(xa) for _ in xa) / len(xa) / (sum(rng.choice(xb) for _ in xb) / len(xb)))
+    ratios.sort()
+    tail = (1 - confidence) / 2
+    return ratios[int(tail * (resamples - 1))], ratios[int(math.ceil((1 - tail) * (resamples - 1)))]
+
+
 def _totals_why(low: float, high: float, margin: float, a: Timing, b: Timing) -> str:
-    means = a.mean / b.mean
-    if decide(low, high, margin) == "same within margin" and not 1 / (1 + margin) <= means <= 1 + margin:
-        return (f"the typical call is the same within ±{margin:.0%}, but the total time differs by "
-                f"{means - 1:+.0%} (a's mean / b's): the tails differ")
+    if decide(low, high, margin) != "same within margin":
+        return ""
+    lo, hi = totals_interval(a, b)
+    if not (1 / (1 + margin) <= lo and hi <= 1 + margin):
+        return (f"the typical call is the same within ±{margin:.0%}, but the total time's interval, {lo:.2f}-{hi:.2f}x "
+                f"(a's total / b's, bootstrap), is not inside the band: the tails differ")
     return ""
 
 
@@ -245,7 +269,7 @@ def compare(a: Variant, b: Variant, margin: float = 0.03, *, rounds: int = 10, m
     for look, target in enumerate(looks, 1):
         more = target - len(samples[names[0]])
         if more > 0:
-            extra = run(fns, more, 0, per=per, unit=unit, clock=clock, setup=setup, machine=False)
+            extra = run(fns, more, 0, per=per, unit=unit, clock=clock, setup=setup, machine=False, seed=look)
             for n in names:
                 samples[n] += extra[n].samples
         ta, tb = (Timing(n, tuple(samples[n]), rid, unit) for n in names)
@@ -257,3 +281,21 @@ def compare(a: Variant, b: Variant, margin: float = 0.03, *, rounds: int = 10, m
             break
     return Comparison(ta, tb, ratio, lo, hi, verdict, margin, confidence, ta.rounds, done, method, 1 - alpha,
                       len(looks), why, first.machine)
+
+
+def family(comparisons, alpha: float = 0.05) -> list[str]:
+    """The direction each of a family of paired comparisons can claim when the family is read together: "faster",
+    "slower" or "inconclusive", by Holm's step-down rule on their exact sign tests (family-wise error <= alpha).
+
+    Reading several comparisons at once (each step down in bytes, every format against a peer) and reporting the
+    ones that came out "faster" inflates the error; this keeps it at alpha for the whole family.
+    """
+    comps = list(comparisons)
+    for c in comps:
+        if not isinstance(c, Comparison) or not c.method.startswith("paired"):
+            raise ValueError(f"comparisons must be paired Comparisons (one run each), got {c!r:.80}")
+    logs = [[math.log(x / y) for x, y in zip(c.a.samples, c.b.samples)] for c in comps]
+    # a comparison that looked several times carries its p-value times its planned looks (Bonferroni over the looks)
+    rejected = holm([min(1.0, c.planned * sign_test_p(lg)) for c, lg in zip(comps, logs)], alpha)
+    return [("faster" if sum(x < 0 for x in lg) > sum(x > 0 for x in lg) else "slower") if r else "inconclusive"
+            for r, lg in zip(rejected, logs)]

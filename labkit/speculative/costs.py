@@ -16,7 +16,6 @@ roughly true; `relative_costs` measures it.
 """
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from contextlib import nullcontext
 
@@ -274,26 +273,30 @@ def first_token_counts(p: torch.Tensor, q: torch.Tensor, n: int = 20000, seed: i
 def measure_speedups(target, make_drafter, tok, prompt, gammas, n: int = 48, rounds: int = 3, chat=None) -> list[dict]:
     """Plain and speculative greedy decoding of `prompt`, interleaved over `rounds`: one row per γ in `gammas`.
 
-    Each row: gamma, alpha (accepted / tested), tokens_per_call, speedup (median plain wall time /
-    median speculative wall time), same_as_plain, acceptance_by_position, gammas_used (for "auto").
+    Each row: gamma, alpha (accepted / tested), tokens_per_call, speedup (plain wall time / speculative, the
+    median of the rounds' ratios: one `measure.run`, a fresh order each round), compare (its
+    `measure.Comparison`), same_as_plain, acceptance_by_position, gammas_used (for "auto").
     """
     from labkit.generation.reply import generate as plain_generate
     from labkit.speculative.decode import generate
 
-    plain_s, spec_s, outs = [], {g: [] for g in gammas}, {}
-    for _ in range(rounds):
-        with measure.timer() as t:
-            plain = plain_generate(target, tok, prompt, max_new_tokens=n, chat=chat)
-        plain_s.append(t.seconds)
-        for g in gammas:
-            out = generate(target, make_drafter(), tok, prompt, gamma=g, max_new_tokens=n, chat=chat)
-            spec_s[g].append(out.wall_s)
-            outs[g] = out
+    outs = {}
+
+    def call(g):
+        if g is None:
+            outs[None] = plain_generate(target, tok, prompt, max_new_tokens=n, chat=chat)
+        else:
+            outs[g] = generate(target, make_drafter(), tok, prompt, gamma=g, max_new_tokens=n, chat=chat)
+
+    run = measure.run({"plain": lambda: call(None), **{f"γ={g}": (lambda g=g: call(g)) for g in gammas}},
+                      rounds=rounds, warmup=0, machine=False, loops=1)
+    plain = outs[None]
     rows = []
     for g in gammas:
         out = outs[g]
+        c = measure.compare(run[f"γ={g}"], run["plain"])
         rows.append({"gamma": g, "alpha": out.alpha, "tokens_per_call": out.tokens_per_call,
-                     "speedup": statistics.median(plain_s) / statistics.median(spec_s[g]),
+                     "speedup": c.speedup, "compare": c,
                      "same_as_plain": out.token_ids == plain.token_ids, "acceptance_by_position": out.acceptance,
                      "gammas_used": Counter(out.gammas).most_common()})
     return rows

@@ -16,10 +16,8 @@ and the schedules over prompts of different kinds and totals their decode time.
 """
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 
-from labkit.measure.clock import now as clock_now
 from labkit.speculative.costs import predicted_speedup, round_overhead
 from labkit.speculative.decode import generate
 
@@ -39,8 +37,10 @@ def race(target, tok, prompt, drafters: dict, n: int = 40, rounds: int = 2, chat
 
     `drafters`: name -> (make_drafter, gamma), `make_drafter()` giving a fresh drafter (or draft model) per run.
     Returns {name: row} and {"plain": row}. A row: gamma, alpha, acceptance (by position), tokens_per_call,
-    speedup (median plain wall time / median speculative wall time, prefill included), decode_speedup (the same
-    for the tokens after the first), same_as_plain, c, overhead (with `t_rel`; else None), gammas_used, out.
+    speedup (plain wall time / speculative wall time, the median of the rounds' ratios, prefill included: one
+    `measure.run`, a fresh order each round), compare (its `measure.Comparison`, with the interval),
+    decode_speedup (the same for the tokens after the first), same_as_plain, c, overhead (with `t_rel`; else
+    None), gammas_used, out.
     """
     from labkit.generation.reply import generate as plain_generate
 
@@ -50,27 +50,34 @@ def race(target, tok, prompt, drafters: dict, n: int = 40, rounds: int = 2, chat
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an integer >= 2 (tokens per reply), got {n!r}")
-    plain_wall, plain_decode, spec_wall, spec_decode, outs = [], [], {k: [] for k in drafters}, {k: [] for k in drafters}, {}
-    for _ in range(rounds):
-        start = clock_now()
-        plain = plain_generate(target, tok, prompt, max_new_tokens=n, chat=chat)
-        plain_wall.append(clock_now() - start)
-        plain_decode.append(plain.decode_s / max(1, len(plain.token_ids) - 1))
-        for name, (make, gamma) in drafters.items():
-            out = _spec(target, make(), tok, prompt, gamma, n, chat)
-            spec_wall[name].append(out.wall_s)
-            spec_decode[name].append((out.wall_s - out.prefill_s) / max(1, len(out.token_ids) - 1))
-            outs[name] = out
-    t1 = statistics.median(plain_decode)
-    rows = {"plain": {"wall_s": statistics.median(plain_wall), "t1_s": t1, "token_ids": plain.token_ids}}
+    from labkit import measure
+
+    decode_s = {name: [] for name in ("plain", *drafters)}  # seconds a token after the first, per call
+    outs = {}
+
+    def plain_call():
+        outs["plain"] = out = plain_generate(target, tok, prompt, max_new_tokens=n, chat=chat)
+        decode_s["plain"].append(out.decode_s / max(1, len(out.token_ids) - 1))
+
+    def spec_call(name, make, gamma):
+        outs[name] = out = _spec(target, make(), tok, prompt, gamma, n, chat)
+        decode_s[name].append((out.wall_s - out.prefill_s) / max(1, len(out.token_ids) - 1))
+
+    fns = {"plain": plain_call, **{name: (lambda name=name, mg=mg: spec_call(name, *mg)) for name, mg in drafters.items()}}
+    run = measure.run(fns, rounds=rounds, warmup=0, machine=False, loops=1)  # whole replies, a fresh order each round
+    decodes = measure.Run.from_samples(decode_s, paired=True)  # the same rounds
+    plain = outs["plain"]
+    t1 = decodes["plain"].median
+    rows = {"plain": {"wall_s": run["plain"].median, "t1_s": t1, "token_ids": plain.token_ids}}
     for name, (_, gamma) in drafters.items():
         out = outs[name]
         drafted = sum(out.gammas)
         c = out.draft_s / drafted / t1 if drafted else 0.0
+        wall = measure.compare(run[name], run["plain"])
         rows[name] = {
             "gamma": gamma, "alpha": out.alpha, "acceptance": out.acceptance, "tokens_per_call": out.tokens_per_call,
-            "speedup": statistics.median(plain_wall) / statistics.median(spec_wall[name]),
-            "decode_speedup": t1 / statistics.median(spec_decode[name]),
+            "speedup": wall.speedup, "compare": wall,
+            "decode_speedup": measure.compare(decodes[name], decodes["plain"]).speedup,
             "same_as_plain": out.token_ids == plain.token_ids, "c": c,
             "overhead": round_overhead(out, t1, c, t_rel) if t_rel is not None and out.gammas else None,
             "gammas_used": Counter(out.gammas).most_common(), "out": out}

@@ -25,8 +25,7 @@ import statistics
 import numpy as np
 import torch
 
-from labkit import checks
-from labkit.measure.clock import now as clock_now
+from labkit import checks, measure
 from labkit.kvcache.batch import PagedBatch
 
 __all__ = ["measure_pass_costs", "step_time"]
@@ -43,9 +42,10 @@ def _check_sizes(name: str, values) -> list[int]:
 def measure_pass_costs(model, decode_rows=(1, 2, 4, 8, 16), prefill_tokens=(32, 128, 512), *, source: list[int],
                        context: int = 64, repeats: int = 5, block_size: int = 16, verify_rows=(), gammas=(),
                        batch_invariant: bool = False) -> list[dict]:
-    """Median seconds of each kind of pass, measured interleaved (every round runs every size once).
+    """Median seconds of each kind of pass: one `labkit.measure.run`, every round runs every size once in a fresh
+    order, the cache planned (and the last pass's tokens dropped) untimed before each.
 
-    Rows of `{"tokens", "kind", "seconds"}`, sorted by tokens: "decode" passes of b rows, each
+    Rows of `{"tokens", "kind", "seconds", "samples"}`, sorted by tokens: "decode" passes of b rows, each
     row one token at `context`; "prefill" passes of one prompt of n tokens (from `source`); "verify" passes
     of b rows (`verify_rows`) each holding its last token and γ drafted ones (`gammas`), all their logits kept
     (their rows also name `rows` and `gamma`). `batch_invariant`: every pass in that mode (`Engine`'s).
@@ -80,38 +80,54 @@ def _measure(model, decode_rows, prefill_tokens, source, context, repeats, block
         cache.add(i)
         cache.plan([(i, context)])
         model(torch.tensor([source[i:i + context]], device=model.device), cache=cache, last_only=True)
-    times: dict[tuple[str, int], list[float]] = {}
-    for _ in range(repeats + 1):  # the first round warms up and is dropped
-        for b in decode_rows:
+    plans, undo = {}, []  # per pass kind: (plan the cache, the ids); undo: what the last pass wrote, to drop
+
+    def decode_pass(b):
+        def plan():
             cache.plan([(i, 1) for i in range(b)])
-            ids = torch.tensor([[source[context + i] for i in range(b)]], device=model.device)
-            t0 = clock_now()
-            model(ids, cache=cache, last_only=True)
-            times.setdefault(("decode", b), []).append(clock_now() - t0)
-            for i in range(b):  # keep every context where it was: drop the token just written
-                cache.tables.lengths[i] -= 1
-        for b in verify_rows:
-            for g in gammas:
-                cache.plan([(i, 1 + g) for i in range(b)], logits={i: 1 + g for i in range(b)})
-                ids = torch.tensor([[t for i in range(b) for t in source[context + i:context + i + 1 + g]]],
-                                   device=model.device)
-                t0 = clock_now()
-                model(ids, cache=cache, last_only=True)
-                times.setdefault(("verify", b, g), []).append(clock_now() - t0)
-                for i in range(b):
-                    cache.tables.truncate(i, context)
-        for n in prefill_tokens:
+            undo.append(lambda: [cache.tables.lengths.__setitem__(i, cache.tables.lengths[i] - 1) for i in range(b)])
+        return plan, torch.tensor([[source[context + i] for i in range(b)]], device=model.device)
+
+    def verify_pass(b, g):
+        def plan():
+            cache.plan([(i, 1 + g) for i in range(b)], logits={i: 1 + g for i in range(b)})
+            undo.append(lambda: [cache.tables.truncate(i, context) for i in range(b)])
+        return plan, torch.tensor([[t for i in range(b) for t in source[context + i:context + i + 1 + g]]],
+                                  device=model.device)
+
+    def prefill_pass(n):
+        def plan():
             cache.add("prompt")
             cache.plan([("prompt", n)])
-            t0 = clock_now()
-            model(torch.tensor([source[:n]], device=model.device), cache=cache, last_only=True)
-            times.setdefault(("prefill", n), []).append(clock_now() - t0)
-            cache.free("prompt")
+            undo.append(lambda: cache.free("prompt"))
+        return plan, torch.tensor([source[:n]], device=model.device)
+
+    for b in decode_rows:
+        plans[("decode", b)] = decode_pass(b)
+    for b in verify_rows:
+        for g in gammas:
+            plans[("verify", b, g)] = verify_pass(b, g)
+    for n in prefill_tokens:
+        plans[("prefill", n)] = prefill_pass(n)
+    names = {key: " ".join(map(str, key)) for key in plans}
+
+    def setup(name):  # untimed: drop what the last pass wrote, then plan this one
+        while undo:
+            undo.pop()()
+        plans[keys[name]][0]()
+
+    keys = {v: k for k, v in names.items()}
+    run = measure.run({names[key]: (lambda ids=ids: model(ids, cache=cache, last_only=True))
+                       for key, (_, ids) in plans.items()}, rounds=repeats, warmup=1, setup=setup, machine=False,
+                      loops=1)
+    while undo:
+        undo.pop()()
+    times = {key: list(run[names[key]].samples) for key in plans}
     rows = []
     for key, t in times.items():
         kind, n = key[0], key[1] * (1 + key[2]) if key[0] == "verify" else key[1]
         extra = {"rows": key[1], "gamma": key[2]} if kind == "verify" else {}
-        rows.append({"tokens": n, "kind": kind, "seconds": statistics.median(t[1:]), **extra})
+        rows.append({"tokens": n, "kind": kind, "seconds": run[names[key]].median, "samples": t, **extra})
     return sorted(rows, key=lambda r: (r["tokens"], r["kind"]))
 
 

@@ -1,0 +1,89 @@
+"""Stored evidence: code records, the freshness check, and the registry of files the chapters read."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from labkit.benchmarks import evidence
+from labkit.measure import provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_code_record_ignores_comments_and_docstrings_but_not_code():
+    base = 'def f(x):\n    """Doc."""\n    return x + 1  # add one\n'
+    assert provenance._python_digest(base) == provenance._python_digest('def f(x):\n    "other words"\n    return x + 1\n')
+    assert provenance._python_digest(base) != provenance._python_digest('def f(x):\n    return x + 2\n')
+    assert provenance._python_digest(base) != provenance._python_digest('def g(x):\n    return x + 1\n')
+    c = "int f(int x) { // one\n  return x + 1; /* two */ }\n"
+    assert provenance._c_digest(c) == provenance._c_digest("int f(int x) {\n    return x + 1;\n}")
+    assert provenance._c_digest(c) != provenance._c_digest("int f(int x) { return x - 1; }")
+
+
+def test_a_code_record_covers_a_folder_and_names_what_changed():
+    rec = provenance.code_record(["labkit/measure"])
+    assert "labkit/measure/run.py" in rec["files"] and len(rec["digest"]) == 16
+    moved = dict(rec, files={**rec["files"], "labkit/measure/run.py": "0" * 16, "labkit/gone.py": "1" * 16})
+    assert provenance.changed(moved, rec) == ["labkit/measure/run.py (changed)", "labkit/gone.py (gone)"]
+    with pytest.raises(ValueError, match="neither a file nor a folder"):
+        provenance.code_record(["labkit/no_such_module.py"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        provenance.code_record("labkit/measure")
+
+
+def _tiny_registry(monkeypatch):
+    entry = evidence.Stored("tiny.json", "echo {out}", ("labkit/measure/provenance.py",), ("00",), "none")
+    monkeypatch.setattr(evidence, "STORED", {"tiny.json": entry})
+    return entry
+
+
+def test_status_says_fresh_older_code_no_record_and_missing(tmp_path, monkeypatch):
+    _tiny_registry(monkeypatch)
+    assert evidence.status("tiny.json", tmp_path)[0] == "missing"
+    (tmp_path / "tiny.json").write_text(json.dumps({"results": {}}))
+    assert evidence.status("tiny.json", tmp_path) == ("no record", "the file does not record which code made it")
+    report = evidence.stamp({"results": {}, "cpu": {"cpu": "x"}}, tmp_path / "tiny.json", command="echo")
+    (tmp_path / "tiny.json").write_text(json.dumps(report))
+    assert evidence.status("tiny.json", tmp_path) == ("fresh", "echo")
+    report["provenance"]["code"]["files"]["labkit/measure/provenance.py"] = "0" * 16
+    (tmp_path / "tiny.json").write_text(json.dumps(report))
+    state, why = evidence.status("tiny.json", tmp_path)
+    assert state == "older code" and "labkit/measure/provenance.py (changed)" in why
+    lines = []
+    assert evidence.check(tmp_path, out=lines.append, pending={}) == 1
+    assert any("re-make it: echo data/tiny.json" in line for line in lines)
+    assert evidence.check(tmp_path, out=lines.append, pending={"tiny.json": "later"}) == 0  # pending: reported only
+    assert any(line.startswith("pending") for line in lines)
+    (tmp_path / "tiny.json").write_text(json.dumps(evidence.stamp({"results": {}}, tmp_path / "tiny.json", command="e")))
+    assert evidence.check(tmp_path, out=lines.append, pending={"tiny.json": "later"}) == 1  # fresh: off the list
+    assert evidence.check(tmp_path, out=lines.append, pending={"gone.json": "x"}) == 1  # not a stored file
+
+
+def test_a_stamp_records_command_protocol_cpu_peers_and_code(monkeypatch):
+    _tiny_registry(monkeypatch)
+    rec = evidence.stamp({"cpu": {"cpu": "x"}}, "tiny.json", command="c")["provenance"]
+    assert rec["command"] == "c" and rec["protocol"] == "none" and rec["cpu"] == {"cpu": "x"}
+    assert set(rec["code"]["files"]) == {"labkit/measure/provenance.py"} and isinstance(rec["peers"], dict)
+
+
+def test_remake_refuses_an_unknown_file():
+    with pytest.raises(ValueError, match="stored files"):
+        evidence.remake(["no_such.json"])
+
+
+def test_every_stored_file_a_chapter_reads_is_registered():
+    read = set()
+    for nb in (ROOT / "notebooks").glob("*.ipynb"):
+        for cell in json.loads(nb.read_text())["cells"]:
+            src = "".join(cell["source"])
+            if cell["cell_type"] == "code":
+                read |= set(re.findall(r"""evidence\.(?:load|made_by)\(\s*["']([\w.-]+\.json)["']""", src))
+                read |= {m for m in re.findall(r"""data_path\(\s*["']([\w.-]+\.json)["']""", src)
+                         if re.search(r"bench|quality|compression|serving_spec", m)}
+    assert read and read <= set(evidence.STORED), f"register these in evidence.STORED: {sorted(read - set(evidence.STORED))}"
+    for name, entry in evidence.STORED.items():
+        assert provenance.source_files(entry.sources), name  # every listed source exists
+        assert "{out}" in entry.command, name
