@@ -87,3 +87,10 @@ def test_every_stored_file_a_chapter_reads_is_registered():
     for name, entry in evidence.STORED.items():
         assert provenance.source_files(entry.sources), name  # every listed source exists
         assert "{out}" in entry.command, name
+
+
+def test_a_stored_peer_ratio_without_an_interval_is_printed_as_such():
+    from labkit.benchmarks.step import vs_peer
+
+    assert "too few rounds" in vs_peer({"ratio": 0.8, "low": 0.0, "high": float("inf"), "verdict": "inconclusive"})
+    assert vs_peer({"ratio": 0.8, "low": 0.7, "high": 0.9, "verdict": "faster"}) == "1.25x llama.cpp (1.11-1.43, faster)"

@@ -19,7 +19,7 @@ def run(quick: bool = False) -> dict:
 
     import labkit
     from labkit.benchmarks.step_compiled import Toggle, compile_format, compiled_profile
-    from labkit.benchmarks.step import PROMPT, SPECS, _formats, peer_rates
+    from labkit.benchmarks.step import PROMPT, SPECS, _formats, peer_rates, vs_peer
     from labkit.benchmarks.workers import compile_times
     from labkit.costmodel.cpu import emulated_isa
     from labkit.generation.profile import pass_timings, samples_by_name
@@ -31,7 +31,7 @@ def run(quick: bool = False) -> dict:
         return {"error": why}
     _, tok = labkit.load("smollm2-135m")
     ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
-    n, rounds = (16, 3) if quick else (48, 5)
+    n, rounds = (16, 3) if quick else (48, 8)  # 8 paired rounds: a 95 % interval needs 6
     report = {"threads": torch.get_num_threads(), "prompt_tokens": len(ids), "formats": {}}
     timed, loaders = {}, _formats()
     for name in ("int4 g32", "Q4_1 (GGUF)"):
@@ -64,7 +64,7 @@ def run(quick: bool = False) -> dict:
     print(f"  decode, {n} greedy tokens, {rounds} rounds, {report['tok_s_protocol']}:")
     for name, rate in rates.items():
         vs = report.get("vs_llama_cpp", {}).get(name)
-        ratio = (f"  {1 / vs['ratio']:.2f}x llama.cpp ({1 / vs['high']:.2f}-{1 / vs['low']:.2f}, {vs['verdict']})" if vs
+        ratio = (f"  {vs_peer(vs)}" if vs
                  else "  (its own kernels for this CPU: an emulated instruction set does not reach it)"
                  if name == "llama.cpp Q4_1" and emulated_isa() else "")
         print(f"  {name:30s} {rate:6.1f} tok/s{ratio}")

@@ -23,6 +23,7 @@ GGUF file's own Q4_1 blocks:
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 
@@ -112,6 +113,13 @@ def peer_rates(names, ids: list[int], n: int, rounds: int, report: dict) -> dict
     return {name: 1 / t.median for name, t in run.items()}
 
 
+def vs_peer(vs: dict) -> str:
+    """A stored comparison with llama.cpp (`Comparison.as_dict`, labkit's time / llama.cpp's) as 'x llama.cpp'."""
+    lo, hi = (1 / vs["high"] if vs["high"] else math.inf), (1 / vs["low"] if vs["low"] > 0 else math.inf)
+    interval = f"{lo:.2f}-{hi:.2f}" if math.isfinite(hi) and lo > 0 else "no interval: too few rounds"
+    return f"{1 / vs['ratio']:.2f}x llama.cpp ({interval}, {vs['verdict']})"
+
+
 def _base(name: str) -> str:
     return name.removesuffix(" compiled")
 
@@ -158,7 +166,7 @@ def run(quick: bool = False) -> dict:
 
     _, tok = labkit.load("smollm2-135m")
     ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
-    n, rounds = (16, 3) if quick else (48, 5)
+    n, rounds = (16, 3) if quick else (48, 8)  # 8 paired rounds: a 95 % interval needs 6
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     call_us = measure.operator_call_us()
     print(f"  torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {len(ids)} tokens, "
@@ -223,8 +231,7 @@ def run(quick: bool = False) -> dict:
             line += f"  {gb_s:5.1f} GB/s ({100 * gb_s / report['roofline_gb_s']:3.0f} % of the roofline)"
         vs = report.get("vs_llama_cpp", {}).get(name)
         if vs:
-            line += (f"  {1 / vs['ratio']:.2f}x llama.cpp ({1 / vs['high']:.2f}-{1 / vs['low']:.2f}, "
-                     f"{vs['verdict']})")
+            line += f"  {vs_peer(vs)}"
         print(line)
     if why is not None:
         print(f"  llama.cpp: {why}")
