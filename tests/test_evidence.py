@@ -94,3 +94,15 @@ def test_a_stored_peer_ratio_without_an_interval_is_printed_as_such():
 
     assert "too few rounds" in vs_peer({"ratio": 0.8, "low": 0.0, "high": float("inf"), "verdict": "inconclusive"})
     assert vs_peer({"ratio": 0.8, "low": 0.7, "high": 0.9, "verdict": "faster"}) == "1.25x llama.cpp (1.11-1.43, faster)"
+
+
+def test_made_by_never_describes_this_machine_for_a_file_that_omits_its_cpu(tmp_path, monkeypatch):
+    _tiny_registry(monkeypatch)
+    (tmp_path / "data").mkdir()
+    monkeypatch.setattr(evidence, "ROOT", tmp_path)
+    (tmp_path / "data" / "tiny.json").write_text(json.dumps({"results": {}, "command": "echo"}))
+    line = evidence.made_by("tiny.json")
+    assert "a CPU it does not record" in line and "threads" not in line
+    (tmp_path / "data" / "tiny.json").write_text(json.dumps(
+        {"results": {}, "cpu": {"cpu": "Some CPU", "threads": 7, "flags": {"avx2": True}}}))
+    assert "Some CPU, AVX2" in evidence.made_by("tiny.json") and "7 threads" in evidence.made_by("tiny.json")

@@ -102,6 +102,28 @@ def test_work_below_the_clock_resolution_with_a_setup_is_refused():
                     setup=lambda name: None, machine=False)
 
 
+
+def test_a_callable_that_does_no_work_is_refused_not_capped():
+    frozen = lambda: 0.0  # noqa: E731 - a clock that never advances: no loop count can reach the ticks
+    with pytest.raises(ValueError, match="no measurable work"):
+        measure.calibrate_loops(lambda: None, clock=frozen, tick=1e-9)
+
+
+def test_loops_with_a_setup_are_refused():
+    clock = FakeClock()
+    with pytest.raises(ValueError, match="loops=4 with a setup"):
+        measure.run({"x": clock.variant(1e-3, 0.0, random.Random(0))}, rounds=3, clock=clock, loops=4,
+                    setup=lambda name: None, machine=False)
+    measure.run({"x": clock.variant(1e-3, 0.0, random.Random(0))}, rounds=3, clock=clock, loops=1,
+                setup=lambda name: None, machine=False)  # one call per sample: its setup is its own
+
+
+def test_paired_samples_of_unequal_lengths_are_refused():
+    with pytest.raises(ValueError, match="one sample per variant in each round"):
+        measure.Run.from_samples({"a": [1.0, 2.0, 3.0], "b": [1.0, 2.0]}, paired=True)
+    run = measure.Run.from_samples({"a": [1.0, 2.0, 3.0], "b": [1.0, 2.0]}, paired=False)
+    assert run["a"].run_id != run["b"].run_id
+
 # 5. "Same within margin" was nearly unreachable at the defaults (identical code, 5 % noise: 8 %), and looks that
 #    cannot decide spent alpha. Catches: the old cap of 40 rounds, undecidable looks planned, a last look of one round.
 def test_same_within_margin_is_reachable_at_the_defaults():

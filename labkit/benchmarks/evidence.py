@@ -249,7 +249,8 @@ def made_by(name: str) -> str:
     peers = "; ".join(f"{p['name']} {p['version']} ({p['system_info'].strip().rstrip('|').strip()})"
                       for p in rec.get("peers", {}).values())
     command = rec.get("command") or report.get("command") or "a command it does not record"
-    return (f"data/{name}: {code}, `{command}`, on {describe(rec.get('cpu') or report.get('cpu'))}"
+    cpu = rec.get("cpu") or report.get("cpu")  # never describe this machine in place of one the file omits
+    return (f"data/{name}: {code}, `{command}`, on {describe(cpu) if cpu else 'a CPU it does not record'}"
             + (f"; peer: {peers}" if peers else ""))
 
 

@@ -151,6 +151,9 @@ class Run:
         """A Run of samples timed elsewhere (e.g. inside worker processes). `paired=True` says the rounds alternated
         the variants (sample i of each in round i): they share a fresh run id and `compare` pairs them round by round;
         `paired=False` gives each its own id (separate runs, compared unpaired)."""
+        if paired and len({len(s) for s in samples.values()}) > 1:
+            raise ValueError("samples of a paired run must have one sample per variant in each round, got lengths "
+                             f"{ {n: len(s) for n, s in samples.items()} }; pass paired=False for separate runs")
         if paired:
             rid = next(_RUN_IDS)
             return cls({n: Timing(n, tuple(s), rid, unit) for n, s in samples.items()}, warmup, dict(machine or {}))
@@ -214,8 +217,11 @@ def calibrate_loops(fn: Callable[[], object], clock: Clock = now, tick: float | 
         start = clock()
         for _ in range(loops):
             fn()
-        if clock() - start >= min_ticks * tick or loops >= 1 << 24:
+        if clock() - start >= min_ticks * tick:
             return loops
+        if loops >= 1 << 24:
+            raise ValueError(f"{1 << 24} calls took under {min_ticks} ticks of the clock ({tick:.3g} s each): the "
+                             "callable does no measurable work (or the clock does not advance); time more work per call")
         loops *= 2
 
 
@@ -250,6 +256,9 @@ def run(fns: dict[str, Callable[[], object]], rounds: int = 5, warmup: int = 1, 
     checks.integer("seed", seed)
     if loops is not None:
         checks.positive_int("loops", loops)
+        if loops > 1 and setup is not None:
+            raise ValueError(f"loops={loops} with a setup: the setup runs once per sample, not once per call, so the "
+                             "calls after the first would not be set up; use loops=1 or time more work per call")
     names = list(fns)
     state = machine_state(cpu=machine)
     rng = random.Random(seed)
