@@ -1,4 +1,4 @@
-"""`python -m labkit.nbtools execute|check|student|release ...`."""
+"""`python -m labkit.nbtools execute|check|student|release|size ...`."""
 import sys
 
 from labkit.nbtools.chapters import main

@@ -154,7 +154,15 @@ def main(argv=None) -> int:
     p = sub.add_parser("release", help="write nbgrader source and release versions of the chapters")
     p.add_argument("paths", nargs="+")
     p.add_argument("--root", default=".build/course")
+    p = sub.add_parser("size", help="each notebook's words, code and exercises against the course's targets")
+    p.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
+    if args.cmd == "size":
+        from labkit.nbtools.course import table
+
+        text, missing = table(args.paths)
+        print(text + f"\n{missing} of {len(args.paths)} notebooks miss a target")
+        return 0
     if args.cmd == "execute":
         for path in args.paths:
             print(f"executing {path} ...", flush=True)
