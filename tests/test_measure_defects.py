@@ -274,3 +274,14 @@ def test_a_family_of_comparisons_keeps_its_error_rate():
                     clock=clock, machine=False)
     assert measure.family([measure.compare(r["fast"], r["slow"]), measure.compare(r["slow"], r["fast"])]) == \
         ["faster", "slower"]
+
+
+def test_a_family_too_small_to_decide_is_refused_with_the_rounds_it_needs():
+    clock, rng = FakeClock(), random.Random(0)
+    variants = {n: clock.variant(m, 0.01, rng) for n, m in zip("abcde", (5e-3, 4e-3, 3e-3, 2e-3, 1e-3))}
+    r = measure.run(variants, rounds=6, clock=clock, machine=False)
+    comps = [measure.compare(r[x], r[y]) for x, y in zip("bcde", "abcd")]
+    with pytest.raises(ValueError, match="needs at least 8 rounds"):  # 2 / 2**6 = 0.031 > 0.05 / 4
+        measure.family(comps)
+    r = measure.run(variants, rounds=8, clock=clock, machine=False)
+    assert measure.family([measure.compare(r[x], r[y]) for x, y in zip("bcde", "abcd")]) == ["faster"] * 4

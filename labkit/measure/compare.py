@@ -294,6 +294,16 @@ def family(comparisons, alpha: float = 0.05) -> list[str]:
     for c in comps:
         if not isinstance(c, Comparison) or not c.method.startswith("paired"):
             raise ValueError(f"comparisons must be paired Comparisons (one run each), got {c!r:.80}")
+    if not comps:
+        raise ValueError("comparisons must hold at least one paired Comparison, got none")
+    # Holm's first step needs one p-value at or below alpha / m: below that many rounds nothing can ever be decided
+    floor = min(min(1.0, c.planned * 2.0 ** (1 - c.rounds)) for c in comps)  # the sign test's smallest two-sided p
+    if floor > alpha / len(comps):
+        need = next(n for n in range(1, 200) if min(1.0, min(c.planned for c in comps) * 2.0 ** (1 - n))
+                    <= alpha / len(comps))
+        raise ValueError(f"a family of {len(comps)} comparisons at alpha {alpha:g} needs at least {need} rounds each "
+                         f"(the sign test's smallest p at {max(c.rounds for c in comps)} rounds is {floor:.3g}, above "
+                         f"{alpha / len(comps):.3g}): time more rounds, or read fewer comparisons together")
     logs = [[math.log(x / y) for x, y in zip(c.a.samples, c.b.samples)] for c in comps]
     # a comparison that looked several times carries its p-value times its planned looks (Bonferroni over the looks)
     rejected = holm([min(1.0, c.planned * sign_test_p(lg)) for c, lg in zip(comps, logs)], alpha)
