@@ -37,3 +37,26 @@ def test_the_peer_missing_is_reported_not_fatal():
         pass
     run, why = rates_in_own_processes({"labkit": SPEC}, IDS, n=2, rounds=1, settle_s=0.0)
     assert list(run) == ["labkit"] and "llama-cpp-python is not installed" in why
+
+
+def test_replicated_starts_start_every_side_afresh():
+    pids = []
+    import labkit.benchmarks.workers as w
+
+    real = w.Worker
+
+    class Spy(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            pids.append(self.proc.pid)
+
+    w.Worker = Spy
+    try:
+        run, _ = rates_in_own_processes({"x": SPEC, "y": SPEC}, IDS, n=2, rounds=1, peer=False, settle_s=0.0,
+                                        processes=2)
+    finally:
+        w.Worker = real
+    assert len(set(pids)) == 4  # two sides, two starts: four processes
+    assert run.machine["process_of_round"] == [0, 1] and run["x"].rounds == 2
+    with pytest.raises(ValueError, match="processes must be"):
+        rates_in_own_processes({"x": SPEC}, IDS, n=2, rounds=1, peer=False, processes=0)

@@ -19,7 +19,7 @@ def run(quick: bool = False) -> dict:
 
     import labkit
     from labkit.benchmarks.step_compiled import Toggle, compile_format, compiled_profile
-    from labkit.benchmarks.step import PROMPT, SPECS, _formats, peer_rates, vs_peer
+    from labkit.benchmarks.step import PROCESSES, PROMPT, SPECS, _formats, peer_rates, vs_peer
     from labkit.benchmarks.workers import compile_times
     from labkit.costmodel.cpu import emulated_isa
     from labkit.generation.profile import pass_timings, samples_by_name
@@ -59,9 +59,9 @@ def run(quick: bool = False) -> dict:
         row["compiled_pass_ms" if name.endswith("compiled") else "eager_pass_ms"] = {k: 1e3 * s for k, s in per_k.items()}
         print(f"  {name:30s}" + "".join(f"{per_k[k] / per_k[1]:7.2f}" for k in KS[1:]) + f"   {1e3 * per_k[1]:6.1f}")
     del timed  # every side runs in a process of its own from here
-    rates = peer_rates(list(costs), ids, n, rounds, report)
+    rates = peer_rates(list(costs), ids, n, rounds if quick else 2, report, processes=1 if quick else PROCESSES)
     report["tok_s"] = rates
-    print(f"  decode, {n} greedy tokens, {rounds} rounds, {report['tok_s_protocol']}:")
+    print(f"  decode, {n} greedy tokens, {report['tok_s_protocol']}:")
     for name, rate in rates.items():
         vs = report.get("vs_llama_cpp", {}).get(name)
         ratio = (f"  {vs_peer(vs)}" if vs

@@ -36,7 +36,8 @@ __all__ = ["Stored", "STORED", "stamp", "status", "check", "remake", "main", "lo
 
 TIMING = ("labkit/measure/run.py", "labkit/measure/clock.py", "labkit/measure/cpu.py")
 MODEL = ("labkit/model", "labkit/quant", "labkit/kvcache", "labkit/generation/stages.py")
-PEERS = ("labkit/benchmarks/workers.py", "labkit/benchmarks/peers.py", "labkit/costmodel/measure.py")
+PEERS = ("labkit/benchmarks/workers.py", "labkit/benchmarks/peers.py", "labkit/costmodel/measure.py",
+         "labkit/measure/replicate.py")
 SERVING = ("labkit/serving", "labkit/speculative", "labkit/sampling", "labkit/benchmarks/loading.py")
 
 
@@ -275,17 +276,20 @@ def decode_runs() -> dict:
 
 def peer_table() -> list[dict]:
     """One row per stored file with a decode run: the peer's tokens/s there, labkit's fastest side in the same rounds
-    and their `measure.compare` (a ratio with its interval, from paired rounds): each file's figures side by side in
-    one run, never set against another file's."""
+    and their `measure.compare_starts` (a ratio with its interval, from the process-level medians of a run over
+    several starts, else from paired rounds): each file's figures side by side in one run, never set against another
+    file's. The fastest of N sides is a selection: its interval is at alpha / N (Bonferroni), so it stays honest."""
     from labkit import measure
 
     rows = []
     for name, run in decode_runs().items():
         peer = next(v for v in run if v.startswith(PEER))
-        best = min((v for v in run if v != peer), key=lambda v: run[v].median)
+        sides = [v for v in run if v != peer]
+        best = min(sides, key=lambda v: run[v].median)
         rows.append({"file": name, "peer": peer, "peer_tok_s": 1 / run[peer].median, "labkit": best,
-                     "labkit_tok_s": 1 / run[best].median, "rounds": run[peer].rounds,
-                     "compare": measure.compare(run[best], run[peer])})
+                     "labkit_tok_s": 1 / run[best].median, "rounds": run[peer].rounds, "selected_from": len(sides),
+                     "processes": run.machine.get("processes", 1),
+                     "compare": measure.compare_starts(run, best, peer, alpha=0.05 / len(sides))})
     return rows
 
 

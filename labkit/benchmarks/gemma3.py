@@ -40,8 +40,10 @@ def run(quick: bool = False) -> dict:
 
     ids = from_gguf(path).encode("The history of the printing press begins in the fifteenth century, when")
     n, rounds = (16, 4) if quick else (32, 10)  # 10 paired rounds: enough for a sign-test interval
+    processes = 1 if quick else measure.MIN_PROCESSES  # the full run: every side started afresh 6 times, 2 rounds each
     run_, why = workers.rates_in_own_processes({"labkit float32": {"side": "labkit", "model": "gemma3-270m"}}, ids, n,
-                                               rounds, peer_name="llama.cpp", peer_model="gemma3-270m")
+                                               rounds if quick else 2, peer_name="llama.cpp", peer_model="gemma3-270m",
+                                               processes=processes)
     out = {"file": path.name, "formats": table, "kv_bytes": {str(k): v for k, v in kv.items()},
            "decode": run_.as_dict(), "prompt_tokens": len(ids), "new_tokens": n}
     for name, timing in run_.timings.items():
@@ -49,7 +51,7 @@ def run(quick: bool = False) -> dict:
     if why:
         print(f"  (no llama.cpp row: {why})")
         return out
-    cmp = measure.compare(run_.timings["labkit float32"], run_.timings["llama.cpp"], names=("labkit", "llama.cpp"))
+    cmp = measure.compare_starts(run_, "labkit float32", "llama.cpp", names=("labkit", "llama.cpp"))
     out["labkit_vs_llama_cpp"] = cmp.as_dict()
     print(f"  {cmp}")
     return out

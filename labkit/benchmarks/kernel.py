@@ -201,8 +201,9 @@ def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
             return {"skipped": f"no AVX2-only llama.cpp: set LABKIT_LLAMA_AVX2 to its folder (got {folder!r})"}
         peer_env, peer_name = {"PYTHONPATH": folder}, f"{workers.LLAMA_CPP} (AVX2 build)"
     infos: dict = {}
-    run, why = workers.rates_in_own_processes(SPECS, ids, n, rounds, env=env, peer_env=peer_env, peer_name=peer_name,
-                                              infos=infos)
+    processes = 1 if rounds < 10 else measure.MIN_PROCESSES  # --quick: one start; else replicated over fresh starts
+    run, why = workers.rates_in_own_processes(SPECS, ids, n, rounds if processes == 1 else 2, env=env, peer_env=peer_env,
+                                              peer_name=peer_name, infos=infos, processes=processes)
     sides_info = {name: {"build_s": i["compile_s"], "load_s": i["load_s"]} for name, i in infos.items()
                   if "compile_s" in i}
     out = {"run": run.as_dict(), "isa": isa or "native", "tok_s": {k: 1 / t.median for k, t in run.items()},
@@ -218,7 +219,7 @@ def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
         return out
     out["vs_llama_cpp"] = {}
     for name in SPECS:
-        c = measure.compare(run[name], run[peer_name])
+        c = measure.compare_starts(run, name, peer_name)
         out["vs_llama_cpp"][name] = c.as_dict()
         print(f"    {c}")
     return out

@@ -31,6 +31,7 @@ TITLE = "a decode step per format: operator calls, time split, T(k)/T(1), tok/s 
 
 PROMPT = "Explain in two sentences why the sky is blue."
 KS = (1, 2, 3, 4, 5, 6, 7, 8)
+PROCESSES = 6  # fresh starts of every side for decode rates: the fewest for a 95 % interval from their medians
 
 
 def _formats():
@@ -96,19 +97,20 @@ def worker_specs(names) -> dict:
     return {name: {**SPECS[_base(name)], "compile": name.endswith(" compiled")} for name in names}
 
 
-def peer_rates(names, ids: list[int], n: int, rounds: int, report: dict) -> dict:
-    """Decode tok/s of each format and of llama.cpp, each in its own process, rounds alternating; every sample,
-    the protocol and each format's ratio to llama.cpp with its interval go into `report`."""
+def peer_rates(names, ids: list[int], n: int, rounds: int, report: dict, processes: int = 1) -> dict:
+    """Decode tok/s of each format and of llama.cpp, each in its own process, rounds alternating, `rounds` rounds in
+    each of `processes` fresh starts; every sample, the protocol and each format's ratio to llama.cpp with its
+    interval (from the process-level medians: `measure.compare_starts`) go into `report`."""
     from labkit import measure
     from labkit.benchmarks.workers import LLAMA_CPP, rates_in_own_processes
 
-    run, why = rates_in_own_processes(worker_specs(names), ids, n, rounds)
+    run, why = rates_in_own_processes(worker_specs(names), ids, n, rounds, processes=processes)
     report["tok_s_run"] = run.as_dict()
     report["tok_s_protocol"] = run.machine["protocol"]
     if why is not None:
         report["llama_cpp"] = why
     if LLAMA_CPP in run:
-        report["vs_llama_cpp"] = {name: measure.compare(run[name], run[LLAMA_CPP]).as_dict() for name in run
+        report["vs_llama_cpp"] = {name: measure.compare_starts(run, name, LLAMA_CPP).as_dict() for name in run
                                   if name != LLAMA_CPP}
     return {name: 1 / t.median for name, t in run.items()}
 
@@ -215,13 +217,14 @@ def run(quick: bool = False) -> dict:
         print(f"  {name:12s}" + "".join(f"{per_k[k] / costs[name][k]:7.2f}" for k in KS[1:]))
     roof = [measure.read_bandwidth_gb_s(seconds=0.3)]  # a roofline sample before and after the rates
     del models, timed  # every side runs in a process of its own from here
-    rates = peer_rates(list(report["formats"]) + [f"{n_} compiled" for n_, r in report["formats"].items()
-                                                   if "compiled" in r], ids, n, rounds, report)
+    # eager formats only: the compiled step's decode rate is compiled_bench's (each start would load its program again)
+    rates = peer_rates(list(report["formats"]), ids, n, rounds if quick else 2, report,
+                       processes=1 if quick else PROCESSES)
     why = report.get("llama_cpp")
     roof.append(measure.read_bandwidth_gb_s(seconds=0.3))
     report["roofline_gb_s"] = statistics.median(roof)
     report["tok_s"] = rates
-    print(f"  decode, {n} greedy tokens, {rounds} rounds, {report['tok_s_protocol']}; streaming-read roofline "
+    print(f"  decode, {n} greedy tokens, {report['tok_s_protocol']}; streaming-read roofline "
           f"{report['roofline_gb_s']:.1f} GB/s (median of {len(roof)} samples)")
     for name, rate in rates.items():
         line = f"  {name:21s} {rate:6.1f} tok/s"

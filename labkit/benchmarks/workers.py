@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from labkit import measure
+from labkit import checks, measure
 
 __all__ = ["Worker", "alternate", "compile_times", "rates_in_own_processes", "peer_record", "SIDES", "LLAMA_CPP",
            "PEERS_SEEN"]
@@ -186,13 +186,33 @@ def alternate(workers: dict, ids: list[int], n: int, rounds: int = 5, warmup: in
 def rates_in_own_processes(specs: dict, ids: list[int], n: int, rounds: int = 5, peer: bool = True,
                            settle_s: float = 0.5, *, env: dict | None = None, peer_env: dict | None = None,
                            peer_name: str = LLAMA_CPP, peer_model: str = "smollm2-135m",
-                           infos: dict | None = None) -> tuple[measure.Run | None, str | None]:
+                           infos: dict | None = None, processes: int = 1) -> tuple[measure.Run | None, str | None]:
     """Decode seconds per token of each name -> labkit spec and, with `peer`, of llama.cpp on SmolLM2's GGUF file
     (`peer_name`, default "llama.cpp Q4_1"), every side in its own worker, rounds alternating (`alternate`). Returns
     (the Run, why llama.cpp is missing or None). Workers start one after another, so no side compiles or loads while
     another is timed. `env` / `peer_env`: extra environment for the labkit workers / the peer's (an emulated
     instruction set, another llama.cpp build on PYTHONPATH); `peer_model`: the model whose GGUF file llama.cpp runs;
-    `infos`, when given, receives each worker's ready message (its compile and load seconds)."""
+    `infos`, when given, receives each worker's ready message (its compile and load seconds). `processes`: start
+    every side that many times afresh, `rounds` rounds each (`measure.replicate`: compare the result with
+    `measure.compare_starts`, which builds the interval from the process-level medians)."""
+    checks.positive_int("processes", processes)
+    if processes > 1:
+        why_seen: list = []
+
+        def one_start(p: int) -> measure.Run:
+            run, why = _rates_once(specs, ids, n, rounds, peer and not why_seen, settle_s, env, peer_env, peer_name,
+                                   peer_model, infos if p == 0 else None, seed=p)
+            if why is not None:
+                why_seen.append(why)  # the peer failed to start: every later start leaves it out too
+                if p:
+                    raise RuntimeError(f"the peer started in start 0 but not in start {p}: {why}")
+            return run
+
+        return measure.replicate(one_start, processes), (why_seen[0] if why_seen else None)
+    return _rates_once(specs, ids, n, rounds, peer, settle_s, env, peer_env, peer_name, peer_model, infos)
+
+
+def _rates_once(specs, ids, n, rounds, peer, settle_s, env, peer_env, peer_name, peer_model, infos, seed: int = 0):
     workers, why = {}, None
     try:
         for name, spec in specs.items():
@@ -204,7 +224,7 @@ def rates_in_own_processes(specs: dict, ids: list[int], n: int, rounds: int = 5,
                 why = str(exc)
         if infos is not None:
             infos.update({name: w.info for name, w in workers.items()})
-        return alternate(workers, ids, n, rounds, settle_s=settle_s), why
+        return alternate(workers, ids, n, rounds, settle_s=settle_s, seed=seed), why
     finally:
         for w in workers.values():
             w.close()

@@ -14,6 +14,7 @@
 * `claim` checks a claim's band against a measured value: "holds", "fails" or "inconclusive".
 * `split` divides a profiled step into parts and says what the profiler added and missed.
 * `timer` and `Stopwatch` time one block, or a piece of work by parts (nothing left out).
+* `replicate` and `by_process`: a run over several fresh processes, compared by its process-level medians.
 * `cpu` records which CPU and instruction sets a figure was measured on.
 
 It sits at the bottom of the lab's layers (it imports no other labkit package), so the engine,
@@ -22,8 +23,10 @@ the benches and the chapters all use it.
 from labkit.measure.claim import CLAIM_VERDICTS, Claim, claim
 from labkit.measure.clock import Stopwatch, Timer, now, timer
 from labkit.measure.compare import VERDICTS, Comparison, compare, decide, family
+from labkit.measure.replicate import MIN_PROCESSES, by_process, compare_starts, replicate
 from labkit.measure.run import MIN_TICKS, Run, Timing, calibrate_loops, machine_state, run
 from labkit.measure.split import Split, split
 
 __all__ = ["run", "Run", "Timing", "machine_state", "compare", "Comparison", "decide", "VERDICTS", "claim", "Claim",
-           "CLAIM_VERDICTS", "split", "Split", "timer", "Timer", "Stopwatch", "now", "MIN_TICKS", "calibrate_loops", "family"]
+           "CLAIM_VERDICTS", "split", "Split", "timer", "Timer", "Stopwatch", "now", "MIN_TICKS", "calibrate_loops", "family",
+           "replicate", "by_process", "compare_starts", "MIN_PROCESSES"]
