@@ -14,11 +14,9 @@ runs interleaved side by side, so machine noise hits both alike.
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
 
-from labkit import checks
+from labkit import checks, measure
 from labkit.measure.clock import now as clock_now
 
 __all__ = ["filler_ids", "ttft_sweep", "itl_sweep", "time_steps", "generate_without_cache", "generate_with_cache",
@@ -60,20 +58,26 @@ def ttft_sweep(model, prompt_lens, repeat: int = 3) -> list[dict]:
     return [{"prompt_len": p, "ttft_s": run[str(p)].median, "samples": list(run[str(p)].samples)} for p in prompt_lens]
 
 
+def _step_run(model, runs: list[list], steps: int):
+    """A `measure.Run` of `steps` greedy decode steps of each run (variant "0", "1", ...): one step of every run per
+    round, in a fresh random order each round, each step's state following the last (no warm-up: the callers warm)."""
+    def stepper(run):
+        def one_step():
+            logits = (model or run[0]).step(run[-1], cache=run[-2], last_only=True)
+            run[-1] = logits[:, -1].argmax(-1, keepdim=True)
+        return one_step
+
+    return measure.run({str(i): stepper(run) for i, run in enumerate(runs)}, rounds=steps, warmup=0, machine=False,
+                       loops=1)
+
+
 def time_steps(model, runs: list[list], steps: int, samples: bool = False) -> list:
     """Median seconds of a greedy decode step for each run (a list ending with its cache and its next token [1, 1],
-    both updated in place), the runs interleaved step by step so that a drift of the machine's speed hits all alike.
-    `model=None`: each run starts with its own model (models compared side by side). `samples`: every step's
-    seconds per run instead of the medians."""
-    times: list[list[float]] = [[] for _ in runs]
-    for _ in range(steps):
-        for run, t in zip(runs, times):
-            step = (model or run[0]).step
-            start = clock_now()
-            logits = step(run[-1], cache=run[-2], last_only=True)
-            run[-1] = logits[:, -1].argmax(-1, keepdim=True)
-            t.append(clock_now() - start)
-    return times if samples else [statistics.median(t) for t in times]
+    both updated in place), the runs interleaved step by step (`measure.run`, a fresh order each round) so that a
+    drift of the machine's speed hits all alike. `model=None`: each run starts with its own model (models compared
+    side by side). `samples`: every step's seconds per run instead of the medians."""
+    run = _step_run(model, runs, steps)
+    return [list(run[str(i)].samples) if samples else run[str(i)].median for i in range(len(runs))]
 
 
 @torch.inference_mode()
@@ -98,8 +102,9 @@ def itl_sweep(model, positions, steps: int = 5, cache="contiguous", **cache_opts
             token = torch.tensor([[int(state.logits.argmax())]])
             model.step(token, cache=state.cache)  # warm-up step (the token is the model's own: no id check, as in decode)
             runs.append([p, kind, state.cache, token])
-    rows = [{"position": run[0], "itl_s": statistics.median(t), "samples": t}
-            for run, t in zip(runs, time_steps(model, runs, steps, samples=True))]
+    timed = _step_run(model, runs, steps)
+    rows = [{"position": run[0], "itl_s": timed[str(i)].median, "samples": list(timed[str(i)].samples)}
+            for i, run in enumerate(runs)]
     if isinstance(cache, (list, tuple)):
         for row, run in zip(rows, runs):
             row["cache"] = run[1]
@@ -143,24 +148,31 @@ def generate_with_cache(model, ids, n: int, cache="contiguous", times: list | No
 
 
 def speedup_run(model, ids, n: int, repeat: int = 1) -> list[dict]:
-    """Generate `n` tokens with and without a cache (`repeat` times, interleaved); for every
-    length 1..n: median cumulative seconds of each and the speed-up."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    """Generate `n` tokens with and without a cache (`repeat` rounds, interleaved in a fresh order each round by
+    `measure.run`); for every length 1..n: the median over rounds of the cumulative seconds of each, and the
+    speed-up."""
+    checks.positive_int("n", n)
+    checks.positive_int("repeat", repeat)
     generate_with_cache(model, ids, 2)  # warm-up
-    with_runs, without_runs = [], []
-    for _ in range(repeat):
-        t_with, t_without = [], []
-        a = generate_with_cache(model, ids, n, times=t_with)
-        b = generate_without_cache(model, ids, n, times=t_without)
+    runs: dict = {"cached": [], "uncached": []}
+    replies: dict = {"cached": [], "uncached": []}
+
+    def timed(kind, generate):
+        def one_reply():
+            times: list = []
+            replies[kind].append(generate(model, ids, n, times=times))
+            runs[kind].append(times)
+        return one_reply
+
+    measure.run({"cached": timed("cached", generate_with_cache), "uncached": timed("uncached", generate_without_cache)},
+                rounds=repeat, warmup=0, machine=False, loops=1)
+    for a, b in zip(replies["cached"], replies["uncached"]):
         if a != b:  # float32: the same greedy tokens, or the comparison is meaningless
             raise RuntimeError(f"cached and uncached greedy tokens differ at step {next(i for i in range(n) if a[i] != b[i])}")
-        with_runs.append(t_with)
-        without_runs.append(t_without)
     rows = []
-    for i in range(n):
-        cached = statistics.median(r[i] for r in with_runs)
-        uncached = statistics.median(r[i] for r in without_runs)
+    for i in range(n):  # the cumulative seconds after token i: a Timing over the rounds
+        cached = measure.Timing("cached", tuple(r[i] for r in runs["cached"])).median
+        uncached = measure.Timing("uncached", tuple(r[i] for r in runs["uncached"])).median
         rows.append({"new_tokens": i + 1, "cached_s": cached, "uncached_s": uncached, "speedup": uncached / cached})
     return rows
 
