@@ -8,21 +8,17 @@ the time asked and returns the median of its repeats.
 """
 from __future__ import annotations
 
-import statistics
-
+from labkit import measure
 from labkit.measure.clock import now as clock_now
 
 
 def _median_rate(fn, work: float, seconds: float) -> float:
-    """Run `fn` repeatedly for about `seconds`; return `work / median time`."""
-    fn()  # warm-up: page in, allocate
-    times = []
-    deadline = clock_now() + seconds
-    while clock_now() < deadline or len(times) < 3:
-        start = clock_now()
-        fn()
-        times.append(clock_now() - start)
-    return work / statistics.median(times)
+    """Run `fn` repeatedly for about `seconds` (`measure.run`, at least 3 rounds); return `work / median time`."""
+    start = clock_now()
+    fn()  # warm-up: page in, allocate; and how long one call takes, to size the rounds
+    first = clock_now() - start
+    rounds = max(3, min(100_000, int(seconds / max(first, 1e-9))))
+    return work / measure.run({"call": fn}, rounds=rounds, warmup=0, machine=False)["call"].median
 
 
 def _check_seconds(seconds: float) -> None:
