@@ -38,7 +38,6 @@ MEDIAN_ALLOWED = {
                                           "descriptive medians, printed without a verdict",
     "labkit/serving/studies/sweeps.py": "engine steps timed in sequence (each step's state follows the last): "
                                         "descriptive medians and percentiles, printed without a verdict",
-    "labkit/speculative/mtp.py": "not yet routed (issue 60)",
 }
 
 

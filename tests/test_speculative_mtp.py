@@ -136,3 +136,13 @@ def test_the_head_drafts_for_a_quantized_target_with_bf16_activations(bard, tmp_
     finally:
         drafter.close()
     assert len(out.token_ids) == 12 and out.target_calls >= 1 and out.draft_steps >= 2
+
+
+def test_a_head_step_is_timed_on_a_filled_cache(bard):
+    from labkit.speculative.mtp import head_step_s
+
+    model, _ = bard
+    seconds = head_step_s(model, random_head(model), position=16, repeat=3)
+    assert isinstance(seconds, float) and seconds > 0  # a median of positive samples (no bound on its size)
+    with pytest.raises(ValueError, match="rounds"):
+        head_step_s(model, random_head(model), position=16, repeat=0)

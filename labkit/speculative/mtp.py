@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from labkit.measure.clock import now as clock_now
 from labkit.kvcache.base import forward_pass, new_cache
 from labkit.model.transformer import Block, RMSNorm, linear
 from labkit.sampling.pipeline import sample_next
@@ -128,17 +127,21 @@ def mtp_chain(head: MTPHead, target, cache, start: int, h: torch.Tensor, history
 
 @torch.inference_mode()
 def head_step_s(target, head: MTPHead, position: int = 64, repeat: int = 5) -> float:
-    """Median seconds of one chained draft step (the head on one token + its LM head rows) at `position`."""
-    import statistics
+    """Median seconds of one chained draft step (the head on one token + its LM head rows) at `position`: `repeat`
+    rounds of `measure.run` after one warm-up, each on a cache filled to `position` beforehand (untimed)."""
+    from labkit import measure
 
-    times = []
     d = target.config.d_model
-    for _ in range(repeat + 1):
-        cache = new_cache("contiguous", head.config, max_len=position + 2, dtype=target.dtype, device=target.device)
+    state = {}
+
+    def fill(_name):
+        state["cache"] = cache = new_cache("contiguous", head.config, max_len=position + 2, dtype=target.dtype,
+                                           device=target.device)
         head(target, torch.zeros(1, position, d, dtype=target.dtype), torch.zeros(1, position, dtype=torch.long), cache)
-        h = torch.zeros(1, 1, d, dtype=target.dtype)
-        start = clock_now()
-        out = head(target, h, torch.ones(1, 1, dtype=torch.long), cache)
+
+    def draft_step():
+        out = head(target, torch.zeros(1, 1, d, dtype=target.dtype), torch.ones(1, 1, dtype=torch.long), state["cache"])
         int(torch.argmax(head.logits(target, out)[0, -1]))
-        times.append(clock_now() - start)
-    return statistics.median(times[1:])
+
+    run = measure.run({"draft step": draft_step}, rounds=repeat, warmup=1, setup=fill, machine=False, loops=1)
+    return run["draft step"].median
