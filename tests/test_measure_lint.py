@@ -31,9 +31,7 @@ CLOCK = re.compile(r"clock_now|measure\.clock|from labkit\.measure\.clock import
 MEDIAN_ALLOWED = {
     "labkit/measure/compare.py": "the core",
     "labkit/benchmarks/serving_live.py": "p50/p99 of a load test's latencies: serving metrics, descriptive",
-    "labkit/benchmarks/calibrate.py": "not yet routed: the products' calibration (issue 60)",
     "labkit/benchmarks/smollm2.py": "rates from samples, then measure.compare for the verdict; roofline medians",
-    "labkit/benchmarks/machinecheck.py": "not yet routed (issue 60)",
     "labkit/serving/studies/parallel.py": "steps of a two-process run timed in sequence (each follows the last): "
                                           "descriptive medians, printed without a verdict",
     "labkit/serving/studies/sweeps.py": "engine steps timed in sequence (each step's state follows the last): "

@@ -25,10 +25,8 @@ a comparison with the real model shows as the remaining gap.
 from __future__ import annotations
 
 import math
-import statistics
 
 from labkit import checks
-from labkit.measure.clock import now as clock_now
 
 __all__ = ["linear_shapes", "product_times", "calibrate", "ROWS", "run"]
 
@@ -69,6 +67,7 @@ def product_times(config, rows=(1,) + ROWS, seconds: float = 0.1, megabytes: flo
     """
     import torch
 
+    from labkit.costmodel.measure import median_seconds
     from labkit.costmodel.workload import ModelShape
     from labkit.model.transformer import linear
 
@@ -91,13 +90,7 @@ def product_times(config, rows=(1,) + ROWS, seconds: float = 0.1, megabytes: flo
                     for w in layer:
                         linear(xs[w.shape[1]], w)
 
-            one_pass()  # warm-up: page in, thread pool
-            times, deadline = [], clock_now() + seconds
-            while clock_now() < deadline or len(times) < 3:
-                start = clock_now()
-                one_pass()
-                times.append(clock_now() - start)
-            out[r] = statistics.median(times) * scale
+            out[r] = median_seconds(one_pass, seconds) * scale  # after a warm-up pass: page in, thread pool
     return {"rows": out, "flops": {r: 2.0 * r * layer_params * n_layers for r in rows},
             "bytes": 4.0 * layer_params * n_layers, "layers_timed": layers}
 

@@ -9,8 +9,6 @@ efficiency the lab's own transformer reaches (design target: >= 45 % of the read
 """
 from __future__ import annotations
 
-import statistics
-
 import numpy as np
 
 from labkit.measure.clock import now as clock_now
@@ -43,7 +41,9 @@ def busy_reason(samples_gb_s: list[float], reference_gb_s: float, spread: float 
 
 
 def measure(model, prompt_len: int = 64, n_tokens: int = 16, repeats: int = 2) -> dict:
-    """Median prefill time and median time of each decode step over `repeats` runs (after a warm-up)."""
+    """Median prefill time and median time of each decode step over `repeats` rounds of `measure.run` (after a
+    warm-up): each round one reply, its prefill and each step timed inside it."""
+    from labkit import measure
     from labkit.generation import decode, prefill
 
     if not (isinstance(repeats, int) and repeats >= 1):
@@ -52,7 +52,8 @@ def measure(model, prompt_len: int = 64, n_tokens: int = 16, repeats: int = 2) -
     state = prefill(model, ids[:8], max_len=8 + 4)
     decode(model, state, 2)
     prefills, steps = [], []
-    for _ in range(repeats):
+
+    def one_reply():
         start = clock_now()
         state = prefill(model, ids, max_len=prompt_len + n_tokens + 1)
         prefills.append(clock_now() - start)
@@ -62,7 +63,18 @@ def measure(model, prompt_len: int = 64, n_tokens: int = 16, repeats: int = 2) -
             decode(model, state, 1)
             run.append(clock_now() - start)
         steps.append(run)
-    return {"prefill_s": statistics.median(prefills), "step_s": np.median(np.array(steps), axis=0)}
+
+    measure.run({"reply": one_reply}, rounds=repeats, warmup=0, machine=False, loops=1)
+    return {"prefill_s": measure.Timing("prefill", tuple(prefills)).median,
+            "step_s": np.array([measure.Timing(f"step {i}", tuple(r[i] for r in steps)).median
+                                for i in range(n_tokens)])}
+
+
+def _median_step(measured: dict) -> float:
+    """The median over the reply's steps of each step's median (`measure`'s Timing)."""
+    from labkit import measure
+
+    return measure.Timing("decode step", tuple(float(x) for x in measured["step_s"])).median
 
 
 def compare(model=None, prompt_len: int = 64, n_tokens: int = 16, hw=None, repeats: int = 2) -> dict:
@@ -86,11 +98,11 @@ def compare(model=None, prompt_len: int = 64, n_tokens: int = 16, hw=None, repea
     busy = busy_reason([before, after], this_machine().mem_bw_gbs)
     # the first decode step runs at context prompt_len: one more token than the steps measured
     est = estimate(model.config, hw, prompt_len, n_tokens + 1, weight_bits=bits, kv_bits=bits, act_bits=bits)
-    ratio = float(np.median(measured["step_s"]) / np.mean(est.decode_step_s))
+    ratio = float(_median_step(measured) / np.mean(est.decode_step_s))
     with torch.no_grad():
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"measured_prefill_s": measured["prefill_s"], "modelled_prefill_s": est.prefill_s,
             "measured_step_s": measured["step_s"], "modelled_step_s": est.decode_step_s, "ratio": ratio,
             "weight_bytes": weight_bytes, "hardware": hw.name, "bits": bits, "busy": busy,
             "bandwidth_samples_gb_s": [before, after],
-            "achieved_read_gb_s": est.weight_bytes / float(np.median(measured["step_s"])) / 1e9}
+            "achieved_read_gb_s": est.weight_bytes / _median_step(measured) / 1e9}

@@ -12,13 +12,20 @@ from labkit import measure
 from labkit.measure.clock import now as clock_now
 
 
-def _median_rate(fn, work: float, seconds: float) -> float:
-    """Run `fn` repeatedly for about `seconds` (`measure.run`, at least 3 rounds); return `work / median time`."""
+def median_seconds(fn, seconds: float) -> float:
+    """Median seconds of a call of `fn`, called for about `seconds` (`measure.run`, at least 3 rounds, after one
+    warm-up call that pages in, allocates and sizes the rounds)."""
+    _check_seconds(seconds)
     start = clock_now()
-    fn()  # warm-up: page in, allocate; and how long one call takes, to size the rounds
+    fn()
     first = clock_now() - start
     rounds = max(3, min(100_000, int(seconds / max(first, 1e-9))))
-    return work / measure.run({"call": fn}, rounds=rounds, warmup=0, machine=False)["call"].median
+    return measure.run({"call": fn}, rounds=rounds, warmup=0, machine=False)["call"].median
+
+
+def _median_rate(fn, work: float, seconds: float) -> float:
+    """`work` / the median seconds of a call of `fn` (`median_seconds`)."""
+    return work / median_seconds(fn, seconds)
 
 
 def _check_seconds(seconds: float) -> None:
