@@ -106,3 +106,30 @@ def test_made_by_never_describes_this_machine_for_a_file_that_omits_its_cpu(tmp_
     (tmp_path / "data" / "tiny.json").write_text(json.dumps(
         {"results": {}, "cpu": {"cpu": "Some CPU", "threads": 7, "flags": {"avx2": True}}}))
     assert "Some CPU, AVX2" in evidence.made_by("tiny.json") and "7 threads" in evidence.made_by("tiny.json")
+
+
+def test_the_peer_table_sets_the_same_file_side_against_llama_cpp_at_the_process_level(tmp_path, monkeypatch):
+    import random
+
+    from labkit import measure
+    from tests.test_measure import FakeClock
+
+    def start(p):
+        clock, rng = FakeClock(), random.Random(p)
+        return measure.run({"fast format": clock.variant(0.5e-3, 0.01, rng),
+                            "Q4_1 (GGUF)": clock.variant(1e-3, 0.01, rng),
+                            "llama.cpp Q4_1": clock.variant(1e-3, 0.01, rng)}, rounds=2, clock=clock, machine=False)
+
+    run = measure.replicate(start, processes=6)
+    entry = evidence.Stored("step_bench.json", "echo {out}", ("labkit/measure/provenance.py",), ("03",), "none")
+    monkeypatch.setattr(evidence, "STORED", {"step_bench.json": entry})
+    monkeypatch.setattr(evidence, "ROOT", tmp_path)
+    (tmp_path / "data").mkdir()
+    report = evidence.stamp({"results": {"step": {"tok_s_run": run.as_dict()}}}, tmp_path / "data" / "step_bench.json",
+                            command="echo")
+    (tmp_path / "data" / "step_bench.json").write_text(json.dumps(report))
+    monkeypatch.setattr(evidence, "status", lambda name, data_dir=None: ("fresh", "echo"))
+    [row] = evidence.peer_table()
+    assert row["labkit"] == "Q4_1 (GGUF)"  # the side named in advance, not the fastest
+    assert row["rounds"] == 6 and row["processes"] == 6  # the interval is from the 6 process-level medians
+    assert row["compare"].verdict in ("same within margin", "inconclusive")

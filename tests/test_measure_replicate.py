@@ -56,3 +56,23 @@ def test_bad_runs_are_refused():
     with pytest.raises(ValueError, match="not a variant"):
         measure.compare_starts(_start(0, [1.0]), "a", "z")
     assert measure.compare_starts(_start(0, [0.5], n_rounds=8), "a", "b").verdict == "faster"  # one process: rounds
+
+
+def test_a_start_with_unpaired_or_unequal_rounds_is_refused():
+    unequal = measure.Run.from_samples({"a": [1.0, 2.0], "b": [1.0, 2.0, 3.0]}, paired=False)
+    with pytest.raises(ValueError, match="same paired rounds"):
+        measure.replicate(lambda p: _start(p, [1.0] * 2) if p == 0 else unequal, processes=2)
+
+
+def test_at_level_gives_the_process_medians_or_the_rounds_and_a_busy_start_is_named():
+    one = _start(0, [1.0])
+    assert measure.at_level(one) is one
+
+    def start(p):
+        r = _start(p, [1.0] * 6)
+        r.machine["busy"] = p == 3
+        return r
+
+    run = measure.replicate(start, processes=6)
+    assert measure.at_level(run)["a"].rounds == 6 and run.machine["busy"]
+    assert "busy machine" in str(measure.compare_starts(run, "a", "b"))

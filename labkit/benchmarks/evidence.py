@@ -32,7 +32,7 @@ from labkit.measure.clock import now
 from labkit.measure.provenance import ROOT, changed, code_record
 
 __all__ = ["Stored", "STORED", "stamp", "status", "check", "remake", "main", "load", "made_by", "decode_runs",
-           "peer_table", "DECODE_RUNS", "PEER"]
+           "peer_table", "DECODE_RUNS", "SAME_FILE", "PEER"]
 
 TIMING = ("labkit/measure/run.py", "labkit/measure/clock.py", "labkit/measure/cpu.py")
 MODEL = ("labkit/model", "labkit/quant", "labkit/kvcache", "labkit/generation/stages.py")
@@ -59,19 +59,20 @@ STORED = {s.file: s for s in (
     Stored("step_bench.json", "labkit bench --only step --json {out}",
            ("labkit/benchmarks/step.py", "labkit/benchmarks/step_compiled.py", "labkit/generation/profile.py",
             *PEERS, *MODEL, *TIMING), ("03", "06"),
-           "every format in one process for calls, splits and T(k); decode rates with each side in its own worker "
-           "process, rounds alternating (labkit.benchmarks.workers)", minutes=100),
+           "every format in one process for calls, splits and T(k); decode rates of the eager formats and llama.cpp, each "
+           "side in its own worker process, 6 fresh starts of 2 rounds (labkit.benchmarks.workers)", minutes=45),
     Stored("compiled_bench.json", "labkit bench --only compiled --json {out}",
            ("labkit/benchmarks/compiled.py", "labkit/benchmarks/step.py", "labkit/benchmarks/step_compiled.py",
             "labkit/generation/profile.py", *PEERS, *MODEL, *TIMING), ("03",),
-           "compile times in fresh processes; decode rates with each side in its own worker process", minutes=35),
+           "compile times in fresh processes; decode rates with each side in its own worker process, 6 fresh starts of 2 "
+           "rounds", minutes=45),
     Stored("kernel_bench.json", "labkit bench --only kernel --json {out}",
            ("labkit/benchmarks/kernel.py", "labkit/generation/profile.py", "labkit/benchmarks/speculative.py",
             "labkit/speculative", "labkit/generation/reply.py", *PEERS, *MODEL, *TIMING),
            ("03", "06", "07"),
            "products and T(k) interleaved in one process; decode and prompt lookup with each side in its own worker "
-           "process, rounds alternating; AVX2 emulation against an AVX2-only llama.cpp when LABKIT_LLAMA_AVX2 names "
-           "one", minutes=8),
+           "process, 6 fresh starts of 2 rounds; AVX2 emulation against an AVX2-only llama.cpp when LABKIT_LLAMA_AVX2 "
+           "names one", minutes=12),
     Stored("kv_compression.json", "python -m labkit.benchmarks.kv_compression --json {out}",
            ("labkit/benchmarks/kv_compression.py", "labkit/benchmarks/kvcache.py", "labkit/metrics",
             "labkit/generation/latency.py", "labkit/generation/compression.py", "labkit/generation/passkey.py",
@@ -228,8 +229,12 @@ def remake(names=None, log_dir: Path | None = None, out=print, force: bool = Fal
 
 
 # where each stored file keeps its decode run (each side in its own worker process, rounds alternating)
+# each stored decode run, where it sits in the file, and the labkit side set against llama.cpp: the one that runs the
+# same GGUF file's Q4_1 blocks (named in advance, not picked as the fastest: no winner's curse)
 DECODE_RUNS = {"step_bench.json": ("step", "tok_s_run"), "compiled_bench.json": ("compiled", "tok_s_run"),
                "kernel_bench.json": ("kernel", "decode", "native", "run")}
+SAME_FILE = {"step_bench.json": "Q4_1 (GGUF)", "compiled_bench.json": "Q4_1 (GGUF) compiled",
+             "kernel_bench.json": "labkit Q4_1 × Q8 exported"}
 PEER = "llama.cpp"  # a variant whose name starts with this is the peer
 
 
@@ -275,21 +280,22 @@ def decode_runs() -> dict:
 
 
 def peer_table() -> list[dict]:
-    """One row per stored file with a decode run: the peer's tokens/s there, labkit's fastest side in the same rounds
-    and their `measure.compare_starts` (a ratio with its interval, from the process-level medians of a run over
-    several starts, else from paired rounds): each file's figures side by side in one run, never set against another
-    file's. The fastest of N sides is a selection: its interval is at alpha / N (Bonferroni), so it stays honest."""
+    """One row per stored file with a decode run: llama.cpp's tokens/s there, the labkit side that runs the same GGUF
+    file (`SAME_FILE`, named in advance) and their `measure.compare_starts` (a ratio with its interval from the
+    process-level medians of a run over several starts, else from paired rounds): each file's figures side by side
+    in one run, never set against another file's. Tokens/s and rounds are at the level the interval is built at."""
     from labkit import measure
 
     rows = []
     for name, run in decode_runs().items():
         peer = next(v for v in run if v.startswith(PEER))
-        sides = [v for v in run if v != peer]
-        best = min(sides, key=lambda v: run[v].median)
-        rows.append({"file": name, "peer": peer, "peer_tok_s": 1 / run[peer].median, "labkit": best,
-                     "labkit_tok_s": 1 / run[best].median, "rounds": run[peer].rounds, "selected_from": len(sides),
-                     "processes": run.machine.get("processes", 1),
-                     "compare": measure.compare_starts(run, best, peer, alpha=0.05 / len(sides))})
+        side = SAME_FILE[name]
+        if side not in run.timings:
+            raise ValueError(f"data/{name}'s decode run has no side {side!r} (it has {list(run)}): update SAME_FILE")
+        level, c = measure.at_level(run), measure.compare_starts(run, side, peer)
+        rows.append({"file": name, "peer": peer, "peer_tok_s": 1 / level[peer].median, "labkit": side,
+                     "labkit_tok_s": 1 / level[side].median, "rounds": c.rounds,
+                     "processes": run.machine.get("processes", 1), "compare": c})
     return rows
 
 

@@ -39,10 +39,11 @@ def run(quick: bool = False) -> dict:
     from labkit.tokenizer.gguf import from_gguf
 
     ids = from_gguf(path).encode("The history of the printing press begins in the fifteenth century, when")
-    n, rounds = (16, 4) if quick else (32, 10)  # 10 paired rounds: enough for a sign-test interval
-    processes = 1 if quick else measure.MIN_PROCESSES  # the full run: every side started afresh 6 times, 2 rounds each
+    # quick: 4 rounds in one process; the full run: every side started afresh 6 times, 2 rounds each (an interval
+    # from the 6 process-level medians)
+    n, rounds, processes = (16, 4, 1) if quick else (32, 2, measure.MIN_PROCESSES)
     run_, why = workers.rates_in_own_processes({"labkit float32": {"side": "labkit", "model": "gemma3-270m"}}, ids, n,
-                                               rounds if quick else 2, peer_name="llama.cpp", peer_model="gemma3-270m",
+                                               rounds, peer_name="llama.cpp", peer_model="gemma3-270m",
                                                processes=processes)
     out = {"file": path.name, "formats": table, "kv_bytes": {str(k): v for k, v in kv.items()},
            "decode": run_.as_dict(), "prompt_tokens": len(ids), "new_tokens": n}

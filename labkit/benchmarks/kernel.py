@@ -187,8 +187,9 @@ def export_times(isa: str | None) -> dict:
     return out
 
 
-def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
-    """tok/s of labkit's kernels, torch's int4 and llama.cpp, each in its own process; `isa`: emulate it for labkit."""
+def _decode(ids: list[int], n: int, rounds: int, isa: str | None, processes: int = 1) -> dict:
+    """tok/s of labkit's kernels, torch's int4 and llama.cpp, each in its own process, `rounds` rounds in each of
+    `processes` fresh starts; `isa`: emulate it for labkit."""
     from labkit import measure
     from labkit.benchmarks import workers
     from labkit.measure.cpu import ISA_EMULATION
@@ -201,15 +202,16 @@ def _decode(ids: list[int], n: int, rounds: int, isa: str | None) -> dict:
             return {"skipped": f"no AVX2-only llama.cpp: set LABKIT_LLAMA_AVX2 to its folder (got {folder!r})"}
         peer_env, peer_name = {"PYTHONPATH": folder}, f"{workers.LLAMA_CPP} (AVX2 build)"
     infos: dict = {}
-    processes = 1 if rounds < 10 else measure.MIN_PROCESSES  # --quick: one start; else replicated over fresh starts
-    run, why = workers.rates_in_own_processes(SPECS, ids, n, rounds if processes == 1 else 2, env=env, peer_env=peer_env,
-                                              peer_name=peer_name, infos=infos, processes=processes)
+    run, why = workers.rates_in_own_processes(SPECS, ids, n, rounds, env=env, peer_env=peer_env, peer_name=peer_name,
+                                              infos=infos, processes=processes)
     sides_info = {name: {"build_s": i["compile_s"], "load_s": i["load_s"]} for name, i in infos.items()
                   if "compile_s" in i}
-    out = {"run": run.as_dict(), "isa": isa or "native", "tok_s": {k: 1 / t.median for k, t in run.items()},
+    level = measure.at_level(run)  # the process-level medians of a run over several starts
+    out = {"run": run.as_dict(), "isa": isa or "native", "tok_s": {k: 1 / t.median for k, t in level.items()},
            "build_s": sides_info}
-    for name, t in run.items():
-        print(f"    {name:28s} {1 / t.median:7.1f} tok/s (IQR {t.iqr / t.median:.0%})")
+    for name, t in level.items():
+        print(f"    {name:28s} {1 / t.median:7.1f} tok/s (IQR {t.iqr / t.median:.0%} over {t.rounds} "
+              f"{'starts' if level is not run else 'rounds'})")
     for name, t in sides_info.items():
         print(f"    {name}: its programs built in {t['build_s']:.1f} s, loaded from disk in {t['load_s']:.2f} s "
               f"(before the timing)")
@@ -230,6 +232,7 @@ def run(quick: bool = False) -> dict:
 
     import labkit
     from labkit.costmodel.measure import read_bandwidth_gb_s
+    from labkit.measure import MIN_PROCESSES
     from labkit.measure.cpu import describe
     from labkit.quant import model_nbytes, native
 
@@ -289,7 +292,9 @@ def run(quick: bool = False) -> dict:
     isas = [None] + (["avx2"] if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else [])
     for isa in isas:
         print(f"  decode, {n} tokens, each side in its own process ({isa or 'native'} ISA):")
-        report["decode"][isa or "native"] = d = _decode(ids, n, rounds, isa)
+        # --quick: one process; else every side started afresh 6 times, 2 rounds each
+        d = _decode(ids, n, rounds, isa) if quick else _decode(ids, n, 2, isa, MIN_PROCESSES)
+        report["decode"][isa or "native"] = d
         d["export_times"] = export_times(isa)
         if "tok_s" in d and isa is None:
             for name in (KERNEL, EXPORTED):

@@ -114,7 +114,7 @@ def peer_rates(names, ids: list[int], n: int, rounds: int, report: dict, process
     if LLAMA_CPP in run:
         report["vs_llama_cpp"] = {name: measure.compare_starts(run, name, LLAMA_CPP).as_dict() for name in run
                                   if name != LLAMA_CPP}
-    return {name: 1 / t.median for name, t in run.items()}
+    return {name: 1 / t.median for name, t in measure.at_level(run).items()}  # process-level medians
 
 
 def vs_peer(vs: dict) -> str:

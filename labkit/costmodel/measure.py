@@ -13,9 +13,10 @@ from labkit.measure.clock import now as clock_now
 
 
 def median_seconds(fn, seconds: float) -> float:
-    """Median seconds of a call of `fn`, called for about `seconds` (`measure.run`, at least 3 rounds, after one
-    warm-up call that pages in, allocates and sizes the rounds)."""
+    """Median seconds of a call of `fn`, called for about `seconds` (`measure.run`, at least 3 rounds, after a
+    warm-up call that pages in and allocates, and a second call that sizes the rounds)."""
     _check_seconds(seconds)
+    fn()
     start = clock_now()
     fn()
     first = clock_now() - start

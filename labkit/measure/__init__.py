@@ -23,10 +23,10 @@ the benches and the chapters all use it.
 from labkit.measure.claim import CLAIM_VERDICTS, Claim, claim
 from labkit.measure.clock import Stopwatch, Timer, now, timer
 from labkit.measure.compare import VERDICTS, Comparison, compare, decide, family
-from labkit.measure.replicate import MIN_PROCESSES, by_process, compare_starts, replicate
+from labkit.measure.replicate import MIN_PROCESSES, at_level, by_process, compare_starts, replicate
 from labkit.measure.run import MIN_TICKS, Run, Timing, calibrate_loops, machine_state, run
 from labkit.measure.split import Split, split
 
 __all__ = ["run", "Run", "Timing", "machine_state", "compare", "Comparison", "decide", "VERDICTS", "claim", "Claim",
            "CLAIM_VERDICTS", "split", "Split", "timer", "Timer", "Stopwatch", "now", "MIN_TICKS", "calibrate_loops", "family",
-           "replicate", "by_process", "compare_starts", "MIN_PROCESSES"]
+           "replicate", "by_process", "at_level", "compare_starts", "MIN_PROCESSES"]

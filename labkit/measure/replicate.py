@@ -21,14 +21,15 @@ from typing import Callable
 from labkit import checks
 from labkit.measure.run import Run
 
-__all__ = ["replicate", "by_process", "compare_starts", "MIN_PROCESSES"]
+__all__ = ["replicate", "by_process", "at_level", "compare_starts", "MIN_PROCESSES"]
 
 MIN_PROCESSES = 6
 
 
 def replicate(make_run: Callable[[int], Run], processes: int) -> Run:
     """One Run of `processes` runs made by `make_run(p)` for p = 0, 1, ...: every round kept, paired round by round, and
-    `machine["process_of_round"]` saying which start each round came from (`by_process` reads it)."""
+    `machine["process_of_round"]` saying which start each round came from (`by_process` reads it). Each start must
+    time every variant in the same paired rounds; the machine counts as busy if it was in any start."""
     checks.positive_int("processes", processes)
     runs = [make_run(p) for p in range(processes)]
     for p, r in enumerate(runs):
@@ -38,10 +39,17 @@ def replicate(make_run: Callable[[int], Run], processes: int) -> Run:
             raise ValueError(f"make_run({p}) timed {list(r)}, but make_run(0) timed {list(runs[0])}: every start must "
                              "time the same variants")
     names = list(runs[0])
+    per = []
+    for p, r in enumerate(runs):
+        counts = {r[n].rounds for n in names}
+        if len(counts) != 1 or (len(names) > 1 and not r.paired):
+            raise ValueError(f"make_run({p}) must time every variant in the same paired rounds, got "
+                             f"{ {n: r[n].rounds for n in names} } samples (paired: {r.paired})")
+        per.append(counts.pop())
     samples = {n: [s for r in runs for s in r[n].samples] for n in names}
-    per = [min(r[n].rounds for n in names) for r in runs]
     machine = dict(runs[0].machine)
     machine["loadavg_after"] = runs[-1].machine.get("loadavg_after")
+    machine["busy"] = any(r.machine.get("busy") for r in runs)  # a busy machine in any start is named
     machine["processes"] = processes
     machine["process_of_round"] = [p for p, k in enumerate(per) for _ in range(k)]
     machine["protocol"] = (f"{processes} independent starts of {runs[0].machine.get('protocol', 'the run')}; "
@@ -70,6 +78,12 @@ def by_process(run: Run) -> Run:
     return Run.from_samples(medians, run.warmup, machine, unit=run[names[0]].per, paired=True)
 
 
+def at_level(run: Run) -> Run:
+    """The run at the level it was replicated at: its process-level medians (`by_process`) when it was timed over
+    several starts, the run itself (its rounds) when it was timed in one process."""
+    return by_process(run) if len(set(run.machine.get("process_of_round") or [])) > 1 else run
+
+
 def compare_starts(run: Run, a: str, b: str, **kwargs):
     """`measure.compare` of variants `a` and `b` of `run` at the level it was replicated at: the process-level medians
     (`by_process`) of a run over several starts, the rounds of a run in one process. Keyword arguments go to
@@ -79,5 +93,5 @@ def compare_starts(run: Run, a: str, b: str, **kwargs):
     for name in (a, b):
         if name not in run.timings:
             raise ValueError(f"{name!r} is not a variant of the run; it has {list(run)}")
-    level = by_process(run) if len(set(run.machine.get("process_of_round") or [])) > 1 else run
-    return compare(level[a], level[b], **kwargs)
+    level = at_level(run)
+    return compare(level[a], level[b], **{"machine": run.machine, **kwargs})
