@@ -194,7 +194,9 @@ def rates_in_own_processes(specs: dict, ids: list[int], n: int, rounds: int = 5,
     instruction set, another llama.cpp build on PYTHONPATH); `peer_model`: the model whose GGUF file llama.cpp runs;
     `infos`, when given, receives each worker's ready message (its compile and load seconds). `processes`: start
     every side that many times afresh, `rounds` rounds each (`measure.replicate`: compare the result with
-    `measure.compare_starts`, which builds the interval from the process-level medians)."""
+    `measure.compare_starts`, which builds the interval from the process-level medians). A peer that does not
+    start in the first start is left out of every start (and why is returned); one that started there and fails in a
+    later start stops the run with a RuntimeError (its starts would not be paired)."""
     checks.positive_int("processes", processes)
     if processes > 1:
         why_seen: list = []
