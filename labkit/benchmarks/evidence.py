@@ -100,12 +100,14 @@ STORED = {s.file: s for s in (
 # stored files not yet re-made by today's code (no record yet), with why: `check` reports them, `make evidence` re-makes
 # them; a session that re-makes one takes it off this list (a fresh file still listed fails the check)
 PENDING = {
-    "step_bench.json": "not re-made yet: the run of 2026-12-06 (99 minutes on 2 cores, most of it compiling five formats "
-                       "three times) failed at its last print (a ratio's open interval end, fixed in step.vs_peer)",
-    "compiled_bench.json": "not re-made yet: its compiles take about 35 minutes on 2 cores (make evidence)",
+    "compiled_bench.json": "not re-made yet: two formats compiled, then 6 fresh starts of 4 workers (2 compiled), about "
+                           "45 minutes on 2 cores (make evidence)",
     "kv_compression.json": "not re-made yet: about 20 minutes on 2 cores (make evidence)",
-    "quant_quality.json": "not re-made yet: about 17 minutes on 2 cores (make evidence)",
-    "serving_spec.json": "not re-made yet: the serving trio takes about an hour on 2 cores (make evidence)",
+    "quant_quality.json": "not re-made yet: on an AVX2-only CPU its int8-activation rows (Q8_0 W8A8, Q4_1 W4A8) take "
+                          "over 25 minutes each (torch._int_mm without VNNI at 256 rows), 49 s on a VNNI CPU; the run of "
+                          "2026-12-06 was stopped after 55 minutes (make evidence, on a VNNI CPU if there is one)",
+    "serving_spec.json": "not re-made yet: the serving trio takes about an hour on 2 cores, and the serving issue rewrites "
+                         "the engine it measures (make evidence after it)",
     "serving_spec_live.json": "not re-made yet: reads serving_spec.json, re-made after it (make evidence)",
     "serving_spec_live_native.json": "not re-made yet: reads serving_spec.json, re-made after it (make evidence)",
 }
