@@ -47,8 +47,25 @@ def test_block_sums_are_exact_both_ways():
     ref = intdot.block_sums(qa_, qw)
     assert ref.dtype == torch.int32 and torch.equal(ref.double(), exact)
     assert int(ref[0, 0, 0]) == -32 * 127 * 127
+    assert torch.equal(intdot.float_block_sums(qa_, qw), ref)  # float32, exact: every partial sum < 2^24
     if intdot.has_int_mm() and intdot.int_mm_exact():  # where it is not, no layer takes it (tested below)
         assert torch.equal(intdot.int_mm_block_sums(qa_, qw.t()), ref)
+
+
+def test_float_sums_are_exact_where_float32_holds_every_partial_sum_and_refused_beyond():
+    """All codes at ±127 in blocks of the largest allowed size: each sum is ±block·127², exact in float32; a block
+    one larger could pass 2^24, where float32 starts to round, and is refused."""
+    big = intdot.FLOAT_EXACT_BLOCK
+    assert big * 127 * 127 < 2**24 <= (big + 1) * 127 * 127
+    qa = torch.full((2, 2 * big), 127, dtype=torch.int8)
+    qa[1, ::3] = -127
+    qw = torch.full((5, 2 * big), -127, dtype=torch.int8)
+    qw[2, 1::2] = 126
+    assert torch.equal(intdot.float_block_sums(qa, qw, block=big), intdot.block_sums(qa, qw, block=big))
+    with pytest.raises(ValueError, match="block must be at most"):
+        intdot.float_block_sums(qa[:, :big + 1], qw[:, :big + 1], block=big + 1)
+    # the rounding the guard prevents is real: above 2^24 float32 loses odd integers
+    assert float(torch.tensor(2**24 + 1, dtype=torch.float32)) != 2**24 + 1
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_1"])
@@ -67,7 +84,8 @@ def test_integer_product_equals_a_float_computation_of_the_same_codes(fmt):
     assert ref.weight.equal(torch.from_numpy(ggml.dequantize(ggml.quantize(w.numpy(), fmt), fmt, tuple(w.shape))))
     if intdot.has_int_mm() and intdot.int_mm_exact():
         assert torch.equal(BlockLinear(w, fmt, "int8", "int_mm")(x), y)  # identical int32 sums, identical floats
-    assert torch.equal(BlockLinear(w, fmt, "int8")(x), y)  # "auto": int_mm where exact, else the reference
+    assert torch.equal(BlockLinear(w, fmt, "int8", "float")(x), y)  # exact float32 block products: the same bits
+    assert BlockLinear(w, fmt, "int8").sums == "float"  # "auto"
     # activations quantized cost a little: the result stays close to the float-activation product
     flo = BlockLinear(w, fmt)(x)
     assert float((y - flo).abs().max()) < 0.05 * float(flo.abs().max())
@@ -197,7 +215,7 @@ def test_the_per_product_bench_times_every_kernel_on_one_matrix():
 
 def test_int_mm_is_checked_before_it_is_trusted(monkeypatch):
     """A `torch._int_mm` that saturates (as oneDNN's int8 path without VNNI does, pairs summed in int16) is caught
-    by the check; then "auto" takes the reference sums and an explicit "int_mm" is refused, naming why."""
+    by the check; an explicit "int_mm" is then refused, naming why ("auto" never takes it)."""
     def saturating(a, b):  # vpmaddubsw: (a + 128) as u8 times b as s8, pairs into int16, then the shift taken off
         u = a.to(torch.int32) + 128
         pairs = (u.unsqueeze(-1) * b.to(torch.int32).unsqueeze(0))  # [M, K, N]
@@ -207,8 +225,8 @@ def test_int_mm_is_checked_before_it_is_trusted(monkeypatch):
     exact = lambda a, b: a.to(torch.int32) @ b.to(torch.int32)  # noqa: E731
     assert intdot.int_mm_exact(exact) and not intdot.int_mm_exact(saturating)
     monkeypatch.setattr(intdot, "int_mm_exact", lambda mm=None: False)
-    assert intdot.resolve_sums("auto") == "reference" and intdot.resolve_sums("int_mm") == "int_mm"
+    assert intdot.resolve_sums("auto") == "float" and intdot.resolve_sums("int_mm") == "int_mm"
     w = torch.randn(16, 64, generator=torch.Generator().manual_seed(2))
-    assert BlockLinear(w, "Q8_0", "int8").sums == "reference"
+    assert BlockLinear(w, "Q8_0", "int8").sums == "float"
     with pytest.raises(ValueError, match="torch._int_mm gives inexact sums on this CPU"):
         BlockLinear(w, "Q8_0", "int8", "int_mm")

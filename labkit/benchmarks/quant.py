@@ -104,7 +104,7 @@ def _contenders(bf16):
     from labkit.benchmarks.smollm2 import load_transformers
     from labkit.quant import intdot, model_nbytes, quantize_model
 
-    sums = intdot.resolve_sums("auto")  # int_mm where torch._int_mm is exact on this CPU
+    sums = intdot.resolve_sums("auto")  # exact float32 block products
     model, tok = labkit.load("smollm2-135m")
     native = labkit.load("smollm2-135m", dtype=bf16, weights="gguf")[0]
     mine = {"float32": model, "bfloat16": labkit.load("smollm2-135m", dtype=bf16)[0],
@@ -149,7 +149,8 @@ def products(model, rounds: int = 5) -> dict:
               "bfloat16 mm": (lambda v, wt=w.t().to(bf): v.to(bf) @ wt, w.numel() * 2)}
     for name, q in (("int8 packed, bf16 act", QuantLinear.from_float(w, 8, act_dtype=bf)),
                     ("int4 g32 packed, bf16 act", QuantLinear.from_float(w, 4, 32, act_dtype=bf)),
-                    ("Q8_0 W8A8, reference sums", BlockLinear(w, "Q8_0", "int8", "reference"))):
+                    ("Q8_0 W8A8, reference sums", BlockLinear(w, "Q8_0", "int8", "reference")),
+                    ("Q8_0 W8A8, float sums", BlockLinear(w, "Q8_0", "int8", "float"))):
         layers[name] = (q, q.nbytes())
     if intdot.has_int_mm() and intdot.int_mm_exact():  # no int_mm rows where its sums are inexact here
         for fmt, kind in (("Q8_0", "W8A8"), ("Q4_1", "W4A8")):

@@ -79,7 +79,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
 
     `fmt` (one of `BLOCK_FORMATS`) stores every matrix in that block format by round to nearest
     instead (bits and group_size come with the format); `activations="int8"` with fmt Q8_0 or
-    Q4_1 multiplies integer codes, `sums` "auto" (`torch._int_mm` where it is exact here), "int_mm" or "reference" (`labkit.quant.intdot`).
+    Q4_1 multiplies integer codes, `sums` "auto" (= "float"), "float", "int_mm" or "reference" (`labkit.quant.intdot`).
     `fallback`: the format of matrices whose rows do not cut into whole blocks of `fmt` (a K-quant's 256 on rows
     of 640), as llama.cpp's quantizer falls back; without it such a matrix is an error.
     """

@@ -5,8 +5,8 @@ Q4_K, Q5_K, Q6_K, or the microscaling MXFP4, MXFP8 and NVFP4.
                          numbers at float speed (the reference path, for measuring quality)
     activations="int8"   (Q8_0 and Q4_1 weights) each input row is quantized to Q8_0 / Q8_1 per
                          block of 32 and the layer multiplies integers (`labkit.quant.intdot`),
-                         as llama.cpp does; `sums` picks the plain-torch reference, `torch._int_mm`,
-                         or "auto" (the default: `torch._int_mm` where it is exact on this CPU)
+                         as llama.cpp does; `sums` picks the plain-torch int32 reference, "float"
+                         (exact float32 block products), `torch._int_mm`, or "auto" (the default: "float")
 
 `nbytes()` is what the format stores (codes and scales), whatever path computes the product.
 
@@ -116,6 +116,8 @@ class BlockLinear(nn.Module):
             qa, da, sa = intdot.quantize_activations(x2, with_sum=q4)
             if self.sums == "int_mm":
                 sums = intdot.int_mm_block_sums(qa, self.codes.t())
+            elif self.sums == "float":
+                sums = intdot.float_block_sums(qa, self.codes)
             else:
                 sums = intdot.block_sums(qa, self.codes)
             y = intdot.combine(sums, da, self.d, sa, self.m)
