@@ -118,9 +118,10 @@ def test_drafted_and_rolled_back_tokens_leak_no_block(tiny, policy, num_blocks, 
         return ran
 
     engine.step = checked
-    engine.replay(reqs)
+    replay = engine.replay(reqs)
     assert engine.cache.tables.n_free == num_blocks and not engine.cache.tables.tables
     assert all(len(r.output) == r.max_new_tokens for r in reqs)
+    assert max(s.n_tokens for s in replay.steps) <= 32, "a pass ran over its token budget"
 
 
 def test_the_prefix_cache_registers_verified_tokens_only(tiny):
@@ -172,7 +173,8 @@ def _marginals(model, prompt: list[int], steps: int) -> list[torch.Tensor]:
 
 
 def _sampled_counts(model, drafter, prompt, n=2500, steps=3):
-    engine = Engine(model, policy="chunked", max_batch=64, token_budget=256, block_size=8, num_blocks=400,
+    # a budget the prompts of 64 requests never fill: every pass leaves drafts their room (prompts come first)
+    engine = Engine(model, policy="chunked", max_batch=64, token_budget=1280, block_size=8, num_blocks=400,
                     drafter=drafter, spec_budget="fixed:2")
     reqs = [Request(i, list(prompt), steps, seed=1000 + i, params={"temperature": 1.0}) for i in range(n)]
     engine.replay(reqs)

@@ -111,6 +111,8 @@ def run(args, ready=None) -> int:
         return 2
 
     model, tok = labkit.load(args.model, dtype=args.dtype)
+    if args.spec_budget == "off":  # no drafting: no drafter, and a head's hooks never touch the model
+        args.speculative = args.spec_budget = None
     try:
         drafter = make_drafter(args.speculative, model)
     except (FileNotFoundError, ValueError) as exc:

@@ -58,10 +58,12 @@ import re
 from collections import deque
 
 from labkit import checks
+from labkit.quant.rows import INVARIANT_MAX_ROWS
 
 __all__ = ["SpecBudget", "Off", "Fixed", "BatchCap", "LoadAware", "spec_budget", "pass_sequences", "GAMMA_LIMIT"]
 
-GAMMA_LIMIT = 16  # the most drafted tokens a request may carry in one pass (a pass's rows stay row-invariant up to 16)
+# the most drafted tokens a request may carry in one pass: its row of 1 + 15 stays within the 16 row-invariant tokens
+GAMMA_LIMIT = INVARIANT_MAX_ROWS - 1
 
 
 def pass_sequences(decoding: int, riding: int) -> int:

@@ -15,6 +15,9 @@ on this machine, while a trace with long pauses still runs in seconds.
 """
 from __future__ import annotations
 
+import logging
+import warnings
+from collections import deque
 from contextlib import nullcontext
 
 import torch
@@ -23,14 +26,17 @@ from labkit import checks
 from labkit.kvcache.batch import PagedBatch
 from labkit.measure import Stopwatch
 from labkit.model.kernels import batch_invariant as invariant
+from labkit.quant.rows import INVARIANT_MAX_ROWS
 from labkit.sampling.pipeline import sample_next
 from labkit.serving.engine.budget import pass_sequences
 from labkit.serving.engine.request import Request, Status
 from labkit.serving.engine.scheduler import Scheduler
-from labkit.serving.engine.steps import PassFailed, Replay, Step, _logprobs
+from labkit.serving.engine.steps import PassFailed, Replay, Step, _bar, _logprobs, run_trace
 from labkit.serving.engine.speculate import Speculator
 
 __all__ = ["Engine", "Step", "Replay", "run_trace", "PassFailed"]
+
+log = logging.getLogger("labkit.serving")
 
 
 class Engine:
@@ -54,12 +60,14 @@ class Engine:
     deterministic replay that leaves the host's work out, unless `host_time=True` adds this machine's measured
     drafting, scheduling, verification, sampling and emitting to each pass's cost. Either way every `Step`
     records the measured parts (`Step.parts`), so what a replay leaves out can be printed beside it.
+    `keep_steps`: how many recent `Step`s `steps` keeps (None: all, as a replay or a study reads them; a server
+    that runs for weeks keeps a bounded window, `labkit serve` 1,024). `n_steps` counts every pass run.
     """
 
     def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
                  block_size: int = 16, num_blocks: int | None = None, max_wait_s: float = 1.0,
                  prefix_cache: bool = True, drafter=None, spec_budget=None, batch_invariant: bool = False,
-                 pass_time=None, host_time: bool = False):
+                 pass_time=None, host_time: bool = False, keep_steps: int | None = None):
         checks.positive_int("block_size", block_size)
         checks.positive_int("max_batch", max_batch)
         if num_blocks is None:
@@ -70,19 +78,26 @@ class Engine:
         self.scheduler = Scheduler(self.cache.tables, policy=policy, max_batch=max_batch, token_budget=token_budget,
                                    context=model.config.max_seq_len, max_wait_s=max_wait_s, prefix_cache=prefix_cache)
         checks.flag("batch_invariant", batch_invariant)
+        if batch_invariant and token_budget > INVARIANT_MAX_ROWS:
+            warnings.warn(f"batch_invariant=True with token_budget={token_budget}: only passes of up to "
+                          f"{INVARIANT_MAX_ROWS} tokens give each row its bits alone, so a reply is exact by "
+                          f"construction only with token_budget <= {INVARIANT_MAX_ROWS}", stacklevel=2)
+        if keep_steps is not None:
+            checks.positive_int("keep_steps", keep_steps)
         if drafter is None and spec_budget not in (None, "off"):
             raise ValueError(f"spec_budget={spec_budget!r} needs a drafter (drafter=None: the engine does not speculate, "
                              f"so a budget would do nothing); pass drafter=, or leave spec_budget out")
         self.speculator = None if drafter is None else Speculator(
             drafter, "auto" if spec_budget is None else spec_budget, paged=self.cache)
         if self.speculator is not None:
-            self.scheduler.spec_budget = self.speculator.budget  # the scheduler decides every token of a pass
+            self.scheduler.speculator = self.speculator  # the scheduler decides every token of a pass
         if pass_time is not None and not callable(pass_time):
             raise ValueError(f"pass_time must be None or a callable rows -> seconds, got {type(pass_time).__name__}")
         self.pass_time = pass_time
         self.host_time = checks.flag("host_time", host_time)
         self.batch_invariant = batch_invariant
-        self.steps: list[Step] = []
+        self.steps = [] if keep_steps is None else deque(maxlen=keep_steps)  # the recent passes (`keep_steps`)
+        self.n_steps = 0  # passes run, all of them
         self.listeners: dict = {}  # request id -> callable(request, token) (the server streams through it)
 
     @property
@@ -107,8 +122,8 @@ class Engine:
     def step(self, now: float = 0.0, draining: bool = False, clock=None) -> Step | None:
         """Run one pass at time `now`; return it (None when nothing could run).
 
-        The whole step is timed, in parts (`Step.parts`): drafting, scheduling, the pass, verification
-        and sampling, emitting. Its tokens are given at `now` + that whole time (with `pass_time`, the
+        The whole step is timed, in parts (`Step.parts`): scheduling (prompt lookup's drafting with it), a head's
+        drafting, the pass, verification and sampling, emitting. Its tokens are given at `now` + that whole time (with `pass_time`, the
         pass's part is its modelled cost and, when `host_time`, the other parts are this machine's
         measured work), or at `clock()` after the work when a clock is given.
         If the pass itself fails, `PassFailed` names its requests (the caller decides their fate);
@@ -117,13 +132,13 @@ class Engine:
         """
         sw = Stopwatch()
         with sw.whole():
-            if self.speculator is not None:
-                with sw.part("draft"):
-                    self.speculator.propose(self.scheduler)
-            with sw.part("schedule"):
+            with sw.part("schedule"):  # every token of the pass: rows, prompt chunks, drafts kept (prompt lookup's)
                 rows = self.scheduler.schedule(now, draining)
             if not rows:
                 return None
+            if self.speculator is not None:
+                with sw.part("draft"):  # a head drafts the kept tokens only
+                    rows = self.speculator.draft(rows)
             try:
                 with sw.part("pass"):
                     ids = [t for req, n in rows for t in req.next_tokens(n)]
@@ -158,12 +173,13 @@ class Engine:
                     req.draft, req.draft_q = [], None
                 if self.speculator is not None:  # a head forgets the requests that ended
                     self.speculator.settle(self.scheduler)
-        step = Step.after(len(self.steps), now, self._end(now, clock, sw, pass_s), rows, self.scheduler)
+        step = Step.after(self.n_steps, now, self._end(now, clock, sw, pass_s), rows, self.scheduler)
         step.drafted, step.accepted = drafted, accepted
         step.parts = sw.totals()
         if self.pass_time is not None:
             step.parts["pass (modelled)"] = pass_s
         self.steps.append(step)
+        self.n_steps += 1
         return step
 
     def _end(self, now: float, clock, sw: Stopwatch, pass_s: float) -> float:
@@ -191,12 +207,12 @@ class Engine:
                     failed.append((req, f"sampling failed: {exc}"))
                     continue
                 req.n_cached += 1 + n_ok
-                req.steps.append((len(self.steps), n))
+                req.steps.append((self.n_steps, n))
                 self.cache.tables.truncate(req.id, req.n_cached)
                 drafted, accepted = drafted + k, accepted + n_ok
                 out.append((req, list(zip(req.draft[:n_ok] + [token], row_logits))))
                 continue
-            if not req.advance(n, len(self.steps)):
+            if not req.advance(n, self.n_steps):
                 continue  # a prompt chunk: no token yet
             try:
                 token = self._choose(req, row_logits[0])
@@ -214,9 +230,16 @@ class Engine:
             done = self.scheduler.emit(req, token, end)
             listener = self.listeners.get(req.id)
             if listener is not None:
-                listener(req, token)
-                if done:
-                    self.listeners.pop(req.id)(req, None)
+                try:
+                    listener(req, token)
+                    if done:
+                        self.listeners.pop(req.id)(req, None)
+                except Exception as exc:  # a listener's bug fails its own request, and nothing else
+                    log.exception("labkit serve: the listener of request %r failed; ending that request", req.id)
+                    self.listeners.pop(req.id, None)
+                    if not done:
+                        self.abort(req, "error", f"the request's listener failed: {type(exc).__name__}: {exc}", end)
+                    return
             if done:
                 return
 
@@ -239,11 +262,13 @@ class Engine:
 
     def replay(self, requests: list[Request], progress: bool = False, max_steps: int = 100_000) -> Replay:
         """Serve `requests` (with their `arrival` times) to the end on the measured virtual clock."""
-        first_step = len(self.steps)
         bar = _bar(progress, sum(r.max_new_tokens for r in requests), self.policy)
+        steps = []  # this replay's passes, all of them (the engine keeps `keep_steps`)
 
         def step(now, draining):
             ran = self.step(now, draining)
+            if ran is not None:
+                steps.append(ran)
             if ran is not None and bar is not None:  # tokens generated so far, over the most the trace may generate
                 bar.n = sum(len(r.output) for r in requests)
                 bar.refresh()
@@ -252,7 +277,7 @@ class Engine:
         run_trace(requests, self.add, step, self.scheduler, max_steps)
         if bar is not None:
             bar.close()
-        return Replay(self.policy, list(requests), self.steps[first_step:], self.scheduler.preemptions)
+        return Replay(self.policy, list(requests), steps, self.scheduler.preemptions)
 
     # ---- disaggregated prefill (labkit.serving.studies.disagg) ------------------------------------------
 
@@ -283,30 +308,3 @@ class Engine:
         self.cache.import_kv(req.id, keys, values)
         self.scheduler.add_prefilled(req)
         return True
-
-
-def run_trace(requests: list[Request], add, step, scheduler: Scheduler, max_steps: int = 100_000) -> None:
-    """The replay loop: admit what has arrived by `now`, run a pass (`step(now, draining)` -> its end time,
-    or None when nothing could run), and when idle jump to the next arrival instead of waiting for it."""
-    pending = sorted(requests, key=lambda r: r.arrival)
-    now, i, passes = (pending[0].arrival if pending else 0.0), 0, 0
-    while i < len(pending) or scheduler.has_work:
-        while i < len(pending) and pending[i].arrival <= now:
-            add(pending[i])
-            i += 1
-        end = step(now, i == len(pending))
-        if end is not None:
-            now, passes = end, passes + 1
-        elif i < len(pending):
-            now = max(now, pending[i].arrival)  # idle: jump to the next arrival
-        elif scheduler.has_work:
-            now += scheduler.max_wait_s  # static batching waiting for a batch that cannot fill
-        if passes > max_steps:
-            raise RuntimeError(f"replay did not finish within {max_steps} steps")
-
-
-def _bar(progress: bool, total: int, policy: str):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-    return tqdm(total=total, desc=f"serving ({policy})", unit="tok", leave=False)

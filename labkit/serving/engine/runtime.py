@@ -8,6 +8,9 @@ engine must survive, and how this one does:
   with finish_reason "error"; the error is logged with its traceback and the next pass runs;
 - **a request whose sampling fails** (its parameters cannot sample these logits): it fails
   alone with finish_reason "rejected" (`Engine.step`; the server answers 400);
+- **a command that fails** (adding a request the engine refuses, an abort that raises) or **a listener
+  that fails**: that request ends with finish_reason "error" and its client hears it; nothing else
+  in flight is touched, and its slot is given back;
 - **a client that leaves**: `abort(req)` takes the request out of the scheduler and frees
   its KV blocks before the next pass;
 - **a request that runs too long**: past `request_timeout` seconds it ends with
@@ -109,7 +112,10 @@ class EngineThread:
                 with self.lock:
                     self.live.pop(req.id, None)
                 if self.on_finish is not None:
-                    self.on_finish(req)
+                    try:
+                        self.on_finish(req)
+                    except Exception:  # metrics must not end a request twice
+                        log.exception("labkit serve: on_finish failed for request %r", req.id)
             sink(req, token)
         return hear
 
@@ -119,12 +125,31 @@ class EngineThread:
                 cmd, a, b = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            if cmd == "add":
-                self.engine.add(a, self._listener(b))
-            elif cmd == "abort":
-                self.engine.abort(a, b, now=self.clock())
-            elif cmd == "ping":
-                a.set()
+            try:
+                if cmd == "add":
+                    self.engine.add(a, self._listener(b))
+                elif cmd == "abort":
+                    self.engine.abort(a, b, now=self.clock())
+                elif cmd == "ping":
+                    a.set()
+            except Exception as exc:  # this command's request fails alone; the loop and the others go on
+                log.exception("labkit serve: command %r for request %r failed; failing that request", cmd,
+                              getattr(a, "id", None))
+                if cmd in ("add", "abort"):
+                    self._fail_one(a, b if cmd == "add" else None, f"the engine refused it: {type(exc).__name__}: {exc}")
+
+    def _fail_one(self, req, sink, message: str) -> None:
+        """End `req` with finish_reason "error" wherever it is: out of the scheduler if it got in, its slot given
+        back, and its client told (through its listener, or `sink` when it never got one)."""
+        s, now = self.engine.scheduler, self.clock()
+        if req not in s.running and req not in s.waiting:  # never got in (or ended): the abort below cannot fail it
+            req.fail("error", message, now)
+        had_listener = req.id in self.engine.listeners
+        self.engine.abort(req, "error", message, now)  # frees its blocks and tells its listener
+        if not had_listener and sink is not None:
+            self._listener(sink)(req, None)
+        with self.lock:
+            self.live.pop(req.id, None)
 
     def _expire(self) -> None:
         if self.request_timeout is None:
@@ -170,4 +195,5 @@ class EngineThread:
     def stop(self, timeout: float = 10.0) -> None:
         self.stopping.set()
         self.wake.set()
-        self.thread.join(timeout)
+        if self.thread.ident is not None:  # started (a server that failed to start is stopped too)
+            self.thread.join(timeout)

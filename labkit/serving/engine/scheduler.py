@@ -3,8 +3,12 @@
 In the spirit of nano-vllm's `Scheduler` and vLLM's: a queue of waiting requests, a list of running ones, and KV
 blocks (`labkit.kvcache.blocks.BlockTables`) that every running request holds. Each step `schedule()` returns rows
 `(request, n_tokens)` for one batched forward pass, under two limits: `max_batch` running requests and
-`token_budget` tokens per pass, drafted tokens included (a speculating engine's budget is asked here,
-`choose_drafts`).
+`token_budget` tokens per pass, drafted tokens included. One place decides every token of a pass: `schedule`
+plans the decoding rows and the prompt rows, then (in a speculating engine) asks the budget how many drafted
+tokens each decoding row verifies, with the exact room the plan leaves (`_with_drafts`); a head drafts after
+that, for the kept tokens only (`Speculator.draft`). Prompt tokens therefore come before drafted ones: speculation
+takes only what the plan leaves, none under a backlog of prompts that fills the budget (vLLM v1 schedules a running
+request's speculative tokens with it, before waiting prompts; here a draft never delays anyone's first token).
 
 - **static**: wait for a full batch (or `max_wait_s`, or the end of the trace), reserve KV for every request's whole
   reply up front, run the batch until its last request ends. Nothing joins a batch in flight: a short reply's slot
@@ -63,7 +67,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.preemptions = 0
         self._hashes: dict = {}  # request id -> (tokens hashed, the chained hashes of its full blocks) while it waits
-        self.spec_budget = None  # a speculating engine's budget (`budget.SpecBudget`): `choose_drafts` asks it
+        self.speculator = None  # a speculating engine's `Speculator`: `_with_drafts` asks it and its budget
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -118,7 +122,7 @@ class Scheduler:
         """Recompute-preemption: free the blocks, back to the front of the queue."""
         self.running.remove(req)
         self.blocks.free(req.id)
-        req.n_cached, req.status, req.draft = 0, Status.WAITING, []
+        req.n_cached, req.status = 0, Status.WAITING
         req.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(req)
@@ -136,43 +140,43 @@ class Scheduler:
         `draining`: no more requests will arrive (static batching stops waiting).
         """
         if self.policy == "static":
-            return self._static(now, draining)
-        if self.policy == "continuous":
-            return self._continuous()
-        if self.policy == "orca":
-            return self._orca()
-        return self._chunked()
+            rows = self._static(now, draining)
+        elif self.policy == "continuous":
+            rows = self._continuous()
+        elif self.policy == "orca":
+            rows = self._orca()
+        else:
+            rows = self._chunked()
+        return rows if self.speculator is None else self._with_drafts(rows)
 
     def decoding(self) -> list[Request]:  # the running requests that decode next: prompt cached, one token to run
         return [r for r in self.running if r.prefilled and r.n_uncached == 1]
 
-    def choose_drafts(self, wanted: list[tuple[Request, int]]) -> list[int]:
-        """Per (decoding request, tokens it has or could draft), how many the next pass verifies: the budget's choice
-        on the pass as planned (a row of one token per decoding request, the prompt rows riding along, `_riding`).
-        Asked before `schedule` (by the `Speculator`), so that a head drafts only the tokens kept."""
-        decoding, ks, some = self.decoding(), [0] * len(wanted), [i for i, (_, n) in enumerate(wanted) if n > 0]
-        if self.spec_budget is not None and some:
-            riding = self._riding(self.token_budget - len(decoding))
-            n_riding = sum(n for _, n in riding)
-            chosen = self.spec_budget.choose([wanted[i] for i in some], batch=len(self.running), riding=n_riding,
-                                             decoding=len(decoding), planned=[(r, 1) for r in decoding] + riding,
-                                             room=max(0, self.token_budget - len(decoding) - n_riding))
-            for i, k in zip(some, chosen):
-                ks[i] = k
-        return ks
-
-    def _riding(self, budget: int) -> list[tuple[Request, int]]:
-        """The prompt rows that would ride with the decoding rows, within `budget`: running requests' next chunks, then
-        waiting prompts a free slot would admit (none under 'static' and 'continuous': they never mix the two)."""
-        wanted = [] if self.policy in ("static", "continuous") else \
-            [(r, r.n_uncached) for r in self.running if not r.prefilled] + \
-            [(r, len(r.prompt)) for r in list(self.waiting)[:max(0, self.max_batch - len(self.running))]]
-        rows = []
-        for req, n in wanted:
-            if budget > 0:
-                rows.append((req, min(n, budget)))
-                budget -= rows[-1][1]
-        return rows
+    def _with_drafts(self, rows: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """The planned rows with each decoding row's drafted tokens added: as many as the budget keeps, given the pass
+        as planned (its decoding rows and the prompt rows riding along) and the exact room it leaves, cut further if
+        the blocks for them are not free (a draft never preempts anyone). Prompt lookup has drafted by now (the
+        decision reads what it found: `Speculator.offer`); a head drafts the kept tokens after this."""
+        spec, budget = self.speculator, self.speculator.budget
+        decode = [req for req, n in rows if n == 1 and req.prefilled and req.n_uncached == 1]
+        offers = [(req, spec.offer(req)) for req in decode]
+        offers = [(req, n) for req, n in offers if n > 0]
+        if not offers:
+            return rows
+        room = self.token_budget - sum(n for _, n in rows)
+        riding = sum(n for req, n in rows if not (req.prefilled and req.n_uncached == 1 and n == 1))
+        ks = budget.choose(offers, batch=len(self.running), riding=riding, decoding=len(decode), planned=list(rows),
+                           room=room)
+        kept = {}
+        for (req, n), k in zip(offers, ks):
+            k = max(0, min(k, n, room))
+            while k and not self.blocks.can_reserve(req.id, 1 + k):
+                k -= 1
+            if k:
+                self.blocks.reserve(req.id, 1 + k)
+                room -= k
+            kept[id(req)] = spec.keep(req, k)
+        return [(req, n + kept.get(id(req), 0)) for req, n in rows]
 
     def _cached(self, req: Request) -> list[int]:
         """Cached blocks the waiting request at the head of the queue can start on ([] without prefix caching).
@@ -216,9 +220,6 @@ class Scheduler:
         rows, budget = [], self.token_budget
         for req in self.running:
             n = req.n_uncached
-            if n == 1 and req.draft:  # drafted tokens: the whole reply's blocks are reserved already
-                del req.draft[max(0, budget - 1):]
-                n += len(req.draft)
             if n > budget:
                 break
             rows.append((req, n))
@@ -247,7 +248,7 @@ class Scheduler:
 
     def _orca(self) -> list[tuple[Request, int]]:
         rows = self._decode_running(self.token_budget)  # the running requests decode in every pass
-        return rows + self._admit_whole(self.token_budget - len(rows))
+        return rows + self._admit_whole(self.token_budget - sum(n for _, n in rows))  # tokens left, drafts counted
 
     def _chunked(self) -> list[tuple[Request, int]]:
         budget = self.token_budget
@@ -274,9 +275,8 @@ class Scheduler:
         return rows
 
     def _decode_running(self, budget: int) -> list[tuple[Request, int]]:
-        """One token for every running request that has its whole prompt cached (oldest first), and its drafted
-        tokens if it carries some (speculation) while the budget and the free blocks allow: a draft is cut short
-        rather than preempt anyone."""
+        """One token for every running request that has its whole prompt cached (oldest first), while the budget and
+        the blocks allow (preempting the newest requests for a block); drafts are added once the pass is planned."""
         rows = []
         for req in list(self.running):
             if req not in self.running or not req.prefilled or req.n_uncached != 1 or budget == 0:
@@ -284,18 +284,7 @@ class Scheduler:
             if self._make_room(req, 1):
                 rows.append((req, 1))
                 budget -= 1
-        out = []
-        for req, n in rows:
-            if req not in self.running:
-                continue
-            if req.draft:
-                del req.draft[budget:]  # the budget left after every decode's own token
-                while req.draft and not self.blocks.can_reserve(req.id, 1 + len(req.draft)):
-                    req.draft.pop()
-                self.blocks.reserve(req.id, 1 + len(req.draft))
-                budget -= len(req.draft)
-            out.append((req, 1 + len(req.draft)))
-        return out
+        return [(req, n) for req, n in rows if req in self.running]
 
     def _make_room(self, req: Request, n: int) -> bool:
         """Reserve blocks for n more tokens of `req`, preempting the newest requests if needed."""

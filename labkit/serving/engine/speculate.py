@@ -3,11 +3,12 @@
 Before a pass, every running request that decodes (its prompt cached, one token to run) may take drafted tokens
 (`labkit.speculative` drafters: `PromptLookup`, a `DraftModel`, or a drafting head, `MTPDrafter`, `ZeroCopyDrafter`,
 `MedusaDrafter`, which drafts from the request's own last verified hidden state: `labkit.serving.engine.heads`).
-The scheduler owns every token of the pass: it asks the budget (`labkit.serving.engine.budget`) how many go in,
-with the room its own plan leaves (`Scheduler.choose_drafts`). Prompt lookup drafts first (microseconds; the
-decision reads how many it found); a head is asked after the decision, for the kept tokens only, since each of its
-tokens is a step of its own. Such a request gets a row of 1 + k tokens (its last emitted token, then its k
-drafted ones, before any prompt chunk: vLLM v1's order), and the pass keeps the logits of all
+The scheduler owns every token of the pass: once its rows are planned it asks the budget
+(`labkit.serving.engine.budget`) how many go in, with the exact room the plan leaves (`Scheduler._with_drafts`,
+which calls `offer` and `keep` here). Prompt lookup drafts first (microseconds; the decision reads how many it
+found); a head is asked after the decision (`draft`), for the kept tokens only, since each of its tokens is a step
+of its own. Such a request gets a row of 1 + k tokens (its last emitted token, then its k
+drafted ones; in the pass, the decoding rows come before any prompt chunk: vLLM v1's order), and the pass keeps the logits of all
 k + 1 positions of that row (`PagedBatch.plan(rows, logits=...)`). Verification is
 `labkit.speculative.verify`'s: greedy requests accept the drafted tokens the target's argmax
 agrees with, sampled ones accept x with probability min(1, p(x)/q(x)) and draw the first
@@ -53,6 +54,8 @@ class Speculator:
                              "packed cache is shared by every request: use PromptLookup, a DraftModel or a head")
         self.drafter, self.budget = drafter, spec_budget(budget)
         self.drafted = self.accepted = 0
+        self._after = self.heads is not None or getattr(drafter, "drafts_after_budget", False)
+        self.pending: list = []  # (request, tokens kept) a head drafts after the plan (`keep`, then `draft`)
 
     @property
     def name(self) -> str:
@@ -71,40 +74,50 @@ class Speculator:
         if self.heads is not None:
             self.heads.forget({req.id for req in scheduler.running})
 
-    def propose(self, scheduler) -> None:
-        """Drafts for every decoding request, as many as the scheduler keeps (`Scheduler.choose_drafts`, with this
-        budget: it owns every token of a pass), never past the reply's end or a stop token. Prompt lookup or a draft
-        model drafts up to the budget's `gamma_max` first and is cut to what is kept (the decision reads the draft's
-        length). A head (every token one step of its own) is asked after the decision, for the kept tokens only, and
-        what its drafting took is measured for the budget (`observe_draft`): it pays for no token thrown away. A drafter
-        with `drafts_after_budget = True` (`specload.ModelledHead`, a head's model) is asked in that order too."""
-        for req in list(scheduler.running) + list(scheduler.waiting):
+    def offer(self, req) -> int:
+        """How many drafted tokens `req` (a decoding row of the pass being planned) could verify: never past its
+        reply's end, none under a format constraint. Prompt lookup or a draft model drafts them now, up to the
+        budget's `gamma_max` (the decision reads how many it found); a head, or a drafter with
+        `drafts_after_budget = True` (`specload.ModelledHead`), drafts nothing yet and offers what it could."""
+        req.draft, req.draft_q = [], None
+        room = min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1) if req.constraint is None else 0
+        if room <= 0:
+            return 0
+        if self._after:
+            return room if self.heads is None or self.heads.ready(req) else 0
+        tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
+        self._keep(req, list(tokens)[:room], q)
+        return len(req.draft)
+
+    def keep(self, req, k: int) -> int:
+        """The scheduler kept `k` of `req`'s offered tokens: a draft made already is cut to them; a head drafts them in
+        `draft`, after the plan. Returns k."""
+        if self._after:
             req.draft, req.draft_q = [], None
-        if self.budget.gamma_max == 0:
-            return
-        rooms = [(req, min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1))
-                 for req in scheduler.decoding() if req.constraint is None]
-        rooms = [(req, room) for req, room in rooms if room > 0]
-        if self.heads is None and not getattr(self.drafter, "drafts_after_budget", False):
-            for req, room in rooms:
-                tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
-                self._keep(req, list(tokens)[:room], q)
-            ks = scheduler.choose_drafts([(req, len(req.draft)) for req, _ in rooms])
-            for (req, _), k in zip(rooms, ks):
-                self._keep(req, req.draft[:k], req.draft_q)
-            return
-        heads = self.heads
-        ks = scheduler.choose_drafts([(req, room if heads is None or heads.ready(req) else 0) for req, room in rooms])
-        start, made = now(), 0
-        for (req, _), k in zip(rooms, ks):
             if k:
-                tokens, q = (heads.propose(req, k), None) if heads is not None else \
-                    self.drafter.propose(req.tokens, k, req.params, req.generator)
-                self._keep(req, list(tokens)[:k], q)
-                made += len(req.draft)
+                self.pending.append((req, k))
+        else:
+            self._keep(req, req.draft[:k], req.draft_q)
+        return k
+
+    def draft(self, rows):
+        """After the plan: a head drafts the tokens the scheduler kept (`keep`), each a step of its own, timed for the
+        budget (`observe_draft`): it pays for no token thrown away. Returns the rows, each as long as what was
+        drafted (a head may stop short, at a stop token or without a state)."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return rows
+        start, made = now(), 0
+        for req, k in pending:
+            tokens, q = (self.heads.propose(req, k), None) if self.heads is not None else \
+                self.drafter.propose(req.tokens, k, req.params, req.generator)
+            self._keep(req, list(tokens)[:k], q)
+            made += len(req.draft)
         if made:  # a modelled head says what its drafting would take; a real one is timed
             seconds = self.drafter.draft_seconds(made) if hasattr(self.drafter, "draft_seconds") else None
             self.budget.observe_draft(made, now() - start if seconds is None else seconds)
+        short = {id(req): k - len(req.draft) for req, k in pending}
+        return [(req, n - short.get(id(req), 0)) for req, n in rows]
 
     @staticmethod
     def _keep(req, tokens: list[int], q) -> None:

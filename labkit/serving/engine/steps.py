@@ -1,5 +1,5 @@
 """What the engine records: one `Step` per forward pass (with the split of its work), a `Replay` of a whole trace,
-and `PassFailed` when a pass raises."""
+`PassFailed` when a pass raises; and `run_trace`, the loop that replays a trace on the measured virtual clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,7 +8,7 @@ import torch
 
 from labkit.serving.engine.request import Request
 
-__all__ = ["Step", "Replay", "PassFailed"]
+__all__ = ["Step", "Replay", "PassFailed", "run_trace"]
 
 
 class PassFailed(RuntimeError):
@@ -64,3 +64,30 @@ class Replay:
     requests: list[Request]
     steps: list[Step] = field(default_factory=list)
     preemptions: int = 0
+
+
+def run_trace(requests: list[Request], add, step, scheduler, max_steps: int = 100_000) -> None:
+    """The replay loop: admit what has arrived by `now`, run a pass (`step(now, draining)` -> its end time,
+    or None when nothing could run), and when idle jump to the next arrival instead of waiting for it."""
+    pending = sorted(requests, key=lambda r: r.arrival)
+    now, i, passes = (pending[0].arrival if pending else 0.0), 0, 0
+    while i < len(pending) or scheduler.has_work:
+        while i < len(pending) and pending[i].arrival <= now:
+            add(pending[i])
+            i += 1
+        end = step(now, i == len(pending))
+        if end is not None:
+            now, passes = end, passes + 1
+        elif i < len(pending):
+            now = max(now, pending[i].arrival)  # idle: jump to the next arrival
+        elif scheduler.has_work:
+            now += scheduler.max_wait_s  # static batching waiting for a batch that cannot fill
+        if passes > max_steps:
+            raise RuntimeError(f"replay did not finish within {max_steps} steps")
+
+
+def _bar(progress: bool, total: int, policy: str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=f"serving ({policy})", unit="tok", leave=False)

@@ -152,6 +152,7 @@ class _Run:
         self.texts = {r.id: ReplyText(srv.tok, job.stop) for r in reqs}
         self.index = {r.id: i for i, r in enumerate(reqs)}
         self.seen = {r.id: 0 for r in reqs}
+        self.heard = {r.id: 0 for r in reqs}  # tokens each request's events have delivered: logprobs read up to here
         self.offsets: dict = {}  # characters of each reply reported so far (the completions format's text_offset)
         self.open = set(self.index)
         self.checked = time.monotonic()
@@ -191,6 +192,7 @@ class _Run:
         """Text (and logprob entries) a token event adds; at the end, the finish reason (or an ApiError)."""
         text = self.texts[req.id]
         if token is not None:
+            self.heard[req.id] += 1
             piece = text.push(token)
             if text.stopped:  # a stop string: end this request now, in the scheduler too
                 self.srv.engine.abort(req, "stop")
@@ -210,7 +212,9 @@ class _Run:
         """Log-probabilities of the tokens not yet reported: chat's `content` list, or the completions format."""
         if self.job.logprobs is None:
             return None
-        start, end = self.seen[req.id], len(req.token_logprobs)
+        # up to the tokens delivered, never len(req.token_logprobs): the engine thread appends to it while this runs,
+        # an entry ahead of its token (its event still queued), which would be skipped for good
+        start, end = self.seen[req.id], self.heard[req.id]
         self.seen[req.id] = end
         if self.job.kind == "completion":
             lp = legacy_logprobs(self.srv.tok, req, start, end, self.offsets.get(req.id, 0))

@@ -108,6 +108,7 @@ class Server:
         for name, value in (("max_tokens_limit", max_tokens_limit), ("max_body", max_body)):
             checks.positive_int(name, value)
         engine_opts.setdefault("policy", "chunked")  # as `labkit serve`: a long prompt never stalls the others
+        engine_opts.setdefault("keep_steps", 1024)  # a server runs for weeks: a bounded window of its passes
         if engine_opts.get("num_blocks") is None:
             engine_opts["num_blocks"] = kv_pool_blocks(model, kv_memory, engine_opts.get("block_size", 16))
         self.tok, self.model_name, self.created = tok, model_name, int(time.time())
@@ -163,6 +164,10 @@ class Server:
             self._thread.join(10)
         if self._sock is not None:
             self._sock.close()
+        speculator = self.engine.engine.speculator
+        close = getattr(getattr(speculator, "drafter", None), "close", None)
+        if close is not None and not self.engine.thread.is_alive():  # a head's hooks come off the model
+            close()
 
     def __enter__(self):
         self.start()
