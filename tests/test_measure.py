@@ -262,3 +262,25 @@ def test_labkit_reads_one_clock():
     found = [str(p.relative_to(root)) for p in root.rglob("*.py")
              if p.parent.name != "measure" and "perf_counter" in p.read_text()]
     assert found == [], f"read the clock through labkit.measure: {found}"
+
+
+def test_a_quantile_interval_covers_the_p99_at_its_level_and_says_when_it_cannot():
+    """Exponential samples of 500: the true p99 (ln 100) falls outside the 95 % interval at most about 5 % of the time
+    (order statistics: a little less), and a 90 % interval misses more often than a 95 % one."""
+    import random
+
+    from labkit.measure.stats import quantile_interval
+
+    rng, true = random.Random(3), math.log(100)
+    misses = {0.95: 0, 0.8: 0}
+    for _ in range(400):
+        xs = [rng.expovariate(1.0) for _ in range(500)]
+        for conf in misses:
+            lo, hi = quantile_interval(xs, 0.99, conf)
+            misses[conf] += not lo <= true <= hi
+    assert misses[0.95] / 400 <= 0.075 and misses[0.8] > misses[0.95]
+    assert misses[0.8] / 400 >= 0.08  # an 80 % interval is not secretly a 95 % one
+    assert quantile_interval(range(1, 101), 0.99)[1] == math.inf  # 100 values cannot bound a p99 from above
+    assert quantile_interval(range(1, 50), 0.5, 0.9) == median_interval(range(1, 50), 0.9)
+    with pytest.raises(ValueError, match="q"):
+        quantile_interval([1, 2], 1.0)

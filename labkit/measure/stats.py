@@ -6,6 +6,8 @@ exact for any continuous distribution; the third is approximate:
 
   * `median_interval(xs, confidence)`: the sign-test interval of a median, [x_(k), x_(n+1-k)]
     with the largest k for which P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2;
+  * `quantile_interval(xs, q, confidence)`: the same for any q-quantile (a p99), [x_(l), x_(u)] from
+    Binomial(n, q); an end the sample cannot reach (a p99 from 100 values) is infinite;
   * `shift_interval(xs, ys, confidence)`: the Hodges-Lehmann shift between two independent
     samples (the median of all differences x_i - y_j) with its Mann-Whitney (Moses) interval:
     exact only under the shift model (both samples of one shape); with unequal shapes it misses
@@ -33,7 +35,7 @@ from functools import lru_cache
 
 from labkit import checks
 
-__all__ = ["summary", "quantile", "median_interval", "shift_interval", "sign_test_rank", "median_difference_interval",
+__all__ = ["summary", "quantile", "median_interval", "quantile_interval", "shift_interval", "sign_test_rank", "median_difference_interval",
            "median_se", "sign_test_p", "holm"]
 
 
@@ -79,6 +81,42 @@ def median_interval(xs, confidence: float = 0.95) -> tuple[float, float]:
     if k == 0:
         return (-math.inf, math.inf)
     return (s[k - 1], s[len(s) - k])
+
+
+def _binomial_cdf(n: int, q: float) -> list[float]:
+    """P(Binomial(n, q) <= j) for j = 0..n (in logs, so n in the thousands does not overflow)."""
+    out, cum = [], 0.0
+    for j in range(n + 1):
+        if 0 < q < 1:
+            log_p = math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * math.log(q) \
+                + (n - j) * math.log1p(-q)
+            cum += math.exp(log_p)
+        else:
+            cum = float(j >= n * q)
+        out.append(min(cum, 1.0))
+    return out
+
+
+def quantile_interval(xs, q: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval for the q-quantile of `xs`: [x_(l), x_(u)] with l the largest rank and u the smallest
+    for which P(B < l) <= (1 - confidence) / 2 and P(B >= u) <= (1 - confidence) / 2, B ~ Binomial(n, q) (the
+    number of values below the quantile). An end no rank reaches is -inf or inf: 100 values cannot bound a p99 above.
+
+    >>> quantile_interval(range(1, 101), 0.5, 0.95) == median_interval(range(1, 101), 0.95)
+    True
+    >>> quantile_interval(range(1, 101), 0.99)[1]
+    inf
+    """
+    checks.probability("q", q, low_open=True, high_open=True)
+    checks.probability("confidence", confidence, low_open=True, high_open=True)
+    s = sorted(xs)
+    if not s:
+        raise ValueError("xs must hold at least one value, got none")
+    n, tail = len(s), (1.0 - confidence) / 2
+    cdf = _binomial_cdf(n, q)
+    low = max((j for j in range(1, n + 1) if cdf[j - 1] <= tail), default=0)  # P(B <= l - 1) <= tail
+    high = min((j for j in range(1, n + 1) if 1 - cdf[j - 1] <= tail), default=0)  # P(B >= u) <= tail
+    return (s[low - 1] if low else -math.inf, s[high - 1] if high else math.inf)
 
 
 @lru_cache(maxsize=256)

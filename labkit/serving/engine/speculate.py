@@ -16,6 +16,9 @@ rejected position from the residual, each request with its own sampling paramete
 and seed. Every emitted token is therefore the target's: greedy replies are token for token those
 of the engine without drafts (with `Engine(batch_invariant=True)`, where each row of a pass of up
 to 16 tokens gets the bits it gets alone), and sampled replies are exact in distribution.
+A seeded *sampled* request is exact in distribution but not reproducible under speculation: how many of its
+drafts a pass verifies depends on the load (and, under `auto`, on measured times), and verification draws
+its random numbers per drafted token, so the same seed can give another reply.
 
 Rejected tokens are rolled back in the one paged store: the request's committed length is cut
 to what was verified and the blocks past it go back to the pool (`BlockTables.truncate`); the

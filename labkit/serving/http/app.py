@@ -227,10 +227,10 @@ class _Run:
         n_prompt, n_out = len(self.reqs[0].prompt), sum(len(r.output) for r in self.reqs)
         usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
                  "prompt_tokens_details": {"cached_tokens": min(self.reqs[0].cached_tokens, n_prompt)}}  # prefix cache
-        if self.srv.engine.engine.speculator is not None:  # OpenAI's names for predicted tokens kept and dropped
-            accepted = sum(r.accepted for r in self.reqs)
-            usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
-                                                  "rejected_prediction_tokens": sum(r.drafted for r in self.reqs) - accepted}
+        if self.srv.engine.engine.speculator is not None:  # labkit's own field: OpenAI's accepted_prediction_tokens
+            # count a client's Predicted Output, which this server does not take; these are the server's own drafts
+            usage["speculation"] = {"drafted_tokens": sum(r.drafted for r in self.reqs),
+                                    "accepted_tokens": sum(r.accepted for r in self.reqs)}
         return usage
 
 
