@@ -285,3 +285,20 @@ def test_a_llama_configs_identity_and_saved_states_are_what_they_were():
     assert smol.identity() == before
     assert set(FAMILY_FIELDS) <= set(ModelConfig(**GEMMA_270M).identity())
     assert ModelConfig(**smol.identity()) == smol
+
+
+def test_generate_streaming_and_the_token_view_run_on_gemma(gemma):
+    """The paths that assumed the BPE tokenizer's calls (`stream_decoder`, `allowed_special`) crashed on Gemma: now
+    generation runs, a stream gives the same text, the token view draws, and Chat points at a call that works."""
+    import labkit
+    from labkit.generation.chat import Chat
+    from labkit.viz.tokenization import token_boundaries_html
+
+    model, tok, _ = gemma
+    out = labkit.generate(model, tok, "The capital of France is", max_new_tokens=4, chat=False, temperature=0.0)
+    assert len(out.token_ids) == 4 and out.text == tok.decode(out.token_ids)
+    pieces = list(labkit.stream(model, tok, "The capital of France is", max_new_tokens=4, chat=False, temperature=0.0))
+    assert "".join(pieces) == out.text
+    assert "The" in str(token_boundaries_html(tok, "The capital of France is"))
+    with pytest.raises(ValueError, match="chat=False"):
+        Chat(model, tok)

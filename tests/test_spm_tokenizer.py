@@ -79,3 +79,45 @@ def test_gemma_vocabulary_as_read_from_the_file(gemma_tok):
     assert gemma_tok.vocab_size == 262_144 and gemma_tok.bos_id == 2 and gemma_tok.eos_id == 1
     text = "Hello  world\n\n漢字 😀"
     assert gemma_tok.decode(gemma_tok.encode(text)) == text
+
+
+def test_the_module_doctests_hold():
+    import doctest
+
+    import labkit.tokenizer.spm as spm
+
+    assert doctest.testmod(spm).failed == 0
+
+
+def _same_calls(tok, text: str) -> dict:
+    """The calls the rest of labkit makes on a tokenizer, each checked against the others on the same tokenizer."""
+    ids = tok.encode(text, allowed_special="none")
+    assert tok.encode_ordinary(text) == ids
+    assert tok.decode(ids, skip_special_tokens=True).endswith(text)
+    assert tok.decode_bytes(ids) == b"".join(tok.token_bytes(i) for i in ids)
+    dec = tok.stream_decoder()
+    assert "".join(dec.push(i) for i in ids) + dec.flush() == tok.decode(ids, skip_special_tokens=True)
+    assert all(isinstance(tok.id_to_token(i), str) for i in ids)
+    assert not any(tok.is_special(i) for i in ids if i != tok.bos_id)  # typed control text stays text
+    assert tok.eos_id is not None and tok.is_special(tok.eos_id) and 0 < tok.vocab_size
+    return {"ids": ids}
+
+
+def test_both_tokenizers_answer_the_same_calls(gemma_tok):
+    from labkit.data.paths import smollm2_gguf_path
+    from labkit.tokenizer.gguf import from_gguf
+
+    smol = from_gguf(smollm2_gguf_path())
+    text = "Héllo, wörld 🙂 <start_of_turn> <|im_start|>"
+    for tok in (smol, gemma_tok):
+        _same_calls(tok, text)
+    # typed control text stays text unless asked for: the same rule, spelled the same way
+    assert gemma_tok.encode("<start_of_turn>", allowed_special="none") != gemma_tok.encode("<start_of_turn>",
+                                                                                            allowed_special="all")
+    assert gemma_tok.encode("<start_of_turn>", allowed_special=["<start_of_turn>"], add_bos=False) == \
+        [gemma_tok.pieces.index("<start_of_turn>")]
+    with pytest.raises(ValueError, match="not control pieces"):
+        gemma_tok.encode("x", allowed_special=["nope"])
+    with pytest.raises(ValueError, match="no chat template"):
+        gemma_tok.encode_chat([{"role": "user", "content": "hi"}])
+    assert gemma_tok.chat_template is None and smol.chat_template is not None

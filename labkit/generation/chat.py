@@ -20,7 +20,8 @@ class Chat:
 
     def __init__(self, model, tok, system: str | None = None, **generate_kwargs):
         if getattr(tok, "chat_template", None) is None:
-            raise ValueError(f"{getattr(tok, 'name', 'this tokenizer')} has no chat template; use labkit.generate with chat=False")
+            raise ValueError(f"{getattr(tok, 'name', 'this tokenizer')} has no chat template (a base model's file): "
+                             "labkit.generate(model, tok, prompt, chat=False) continues a plain prompt")
         self.model, self.tok = model, tok
         self.system = system
         self.generate_kwargs = generate_kwargs

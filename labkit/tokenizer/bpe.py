@@ -295,7 +295,7 @@ class StreamDecoder:
     Bytes that can never become valid UTF-8 come out as U+FFFD, as in `decode`.
     """
 
-    def __init__(self, tokenizer: BPETokenizer):
+    def __init__(self, tokenizer):  # any labkit tokenizer: it reads `decode_bytes` alone
         self.tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 

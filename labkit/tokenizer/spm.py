@@ -26,8 +26,18 @@ asked); the bytes are then read as UTF-8.
 
     >>> tok = SentencePieceTokenizer(["<unk>", "<s>", "</s>", "▁", "a", "b", "ab", "▁ab"],
     ...                              [0, 0, 0, -1, -2, -2, -1.5, -1], [2, 3, 3, 1, 1, 1, 1, 1], bos_id=1, eos_id=2)
-    >>> tok.encode(" ab")       # '▁' 'a' 'b': 'ab' (score -1.5) merges first, then '▁ab' (-1)
+    >>> tok.encode(" ab", add_bos=False)   # '▁' 'a' 'b': 'ab' (score -1.5) merges first, then '▁ab' (-1)
     [7]
+    >>> tok.encode(" ab")                  # the file's add_bos_token: <bos> first (SmolLM2's BPE adds none)
+    [1, 7]
+
+The calls the rest of labkit makes on a tokenizer are the same on both (`labkit.tokenizer.bpe`'s names):
+`encode(text, allowed_special=...)`, `encode_ordinary`, `decode(ids, skip_special_tokens=...)`,
+`decode_bytes`, `token_bytes`, `stream_decoder()`, `id_to_token`, `is_special`, `vocab_size`, `bos_id`,
+`eos_id`, `chat_template` and `encode_chat` (Gemma 3 270M's file is a base model: no template, and
+`encode_chat` says so). Three defaults differ: `encode` puts `<bos>` first (the file asks for it), matches no
+control piece typed in the text unless `allowed_special` says so (the BPE tokenizer matches all), and `decode`
+leaves control pieces out unless `skip_special_tokens=False` (as llama.cpp's detokenizer does).
 """
 from __future__ import annotations
 
@@ -38,6 +48,7 @@ from labkit import checks
 
 __all__ = ["SentencePieceTokenizer", "SPACE"]
 
+
 SPACE = "\u2581"  # ▁, a space inside a piece
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # GGUF token types
 _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # by a lead byte's high 4 bits, as llama.cpp reads
@@ -45,6 +56,8 @@ _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # by a lead byte's
 
 class SentencePieceTokenizer:
     """Score-based BPE with byte fallback over `pieces` (str), `scores` and GGUF token `types`."""
+
+    chat_template = None  # the files labkit reads with this tokenizer are base models (Gemma 3 270M)
 
     def __init__(self, pieces: list[str], scores, types, *, bos_id: int | None = None, eos_id: int | None = None,
                  add_bos: bool = True, name: str = "spm"):
@@ -82,11 +95,13 @@ class SentencePieceTokenizer:
 
     # ---- encoding --------------------------------------------------------------------------
 
-    def _partition(self, data: bytes, parse_special: bool) -> list[bytes | int]:
-        """Cut whole special pieces out of `data`: a list of raw fragments (bytes) and token ids (int)."""
+    def _partition(self, data: bytes, parse_special) -> list[bytes | int]:
+        """Cut whole special pieces out of `data`: a list of raw fragments (bytes) and token ids (int).
+        `parse_special`: True (every control piece), False (none) or a set of the control pieces' ids to match."""
         parts: list[bytes | int] = [data]
         for text, tid, kind in self._specials:
-            if kind != USER_DEFINED and not parse_special:
+            wanted = parse_special if isinstance(parse_special, bool) else tid in parse_special
+            if kind != USER_DEFINED and not wanted:
                 continue
             out: list[bytes | int] = []
             for part in parts:
@@ -146,9 +161,15 @@ class SentencePieceTokenizer:
             k = nxt
         return ids
 
-    def encode(self, text: str | bytes, *, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str | bytes, allowed_special=None, *, add_bos: bool | None = None,
+               parse_special: bool = False) -> list[int]:
         """Token ids of `text` (str, or bytes: invalid UTF-8 is encoded byte by byte); `<bos>` first when
-        `add_bos` (default: the file's `add_bos_token`). `parse_special`: match control pieces in the text."""
+        `add_bos` (default: the file's `add_bos_token`). `parse_special`: match control pieces in the text.
+        `allowed_special` (the BPE tokenizer's name for it): "all", "none", or the control pieces to match."""
+        if allowed_special is not None:
+            if parse_special:
+                raise ValueError("give allowed_special or parse_special, not both")
+            parse_special = self._allowed(allowed_special)
         if isinstance(text, str):
             data = text.encode("utf-8", errors="surrogatepass")
         elif isinstance(text, (bytes, bytearray)):
@@ -157,9 +178,42 @@ class SentencePieceTokenizer:
             raise TypeError(f"text must be a str or bytes, got {type(text).__name__}")
         add_bos = self.add_bos if add_bos is None else checks.flag("add_bos", add_bos)
         ids = [self._bos] if add_bos and self._bos is not None else []
-        for part in self._partition(data, checks.flag("parse_special", parse_special)):
+        if isinstance(parse_special, bool):
+            checks.flag("parse_special", parse_special)
+        for part in self._partition(data, parse_special):
             ids.extend([part] if isinstance(part, int) else self._fragment(part))
         return ids
+
+    def _allowed(self, allowed_special):
+        """"all" -> True, "none" -> False, pieces -> the set of their ids (each must be a control piece)."""
+        if allowed_special in ("all", "none"):
+            return allowed_special == "all"
+        if isinstance(allowed_special, str) or not hasattr(allowed_special, "__iter__"):
+            raise ValueError(f"allowed_special must be 'all', 'none' or control pieces, got {allowed_special!r}")
+        ids = {p.decode("utf-8"): i for p, i, kind in self._specials if kind == CONTROL}
+        unknown = [p for p in allowed_special if p not in ids]
+        if unknown:
+            raise ValueError(f"allowed_special: {unknown[:5]} are not control pieces of this tokenizer")
+        return {ids[p] for p in allowed_special}
+
+    def encode_ordinary(self, text: str | bytes) -> list[int]:
+        """`encode` with no control piece matched in the text (typed `<start_of_turn>` stays text); `<bos>` first
+        as the file asks."""
+        return self.encode(text, parse_special=False)
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        raise ValueError(f"{self.name} is a base model's tokenizer: it has no chat template; give a plain prompt "
+                         f"(labkit.generate(..., chat=False), or the completions API)")
+
+    def id_to_token(self, token_id: int) -> str:
+        """The piece of `token_id` as the file stores it (`▁` for a space, `<0x0A>` for a byte)."""
+        checks.integer("token_id", token_id, 0, self.vocab_size - 1)
+        return self.pieces[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether `token_id` is a control piece (`<bos>`, `<eos>`, `<start_of_turn>`): never text."""
+        checks.integer("token_id", token_id, 0, self.vocab_size - 1)
+        return self.types[token_id] == CONTROL
 
     # ---- decoding --------------------------------------------------------------------------
 
@@ -178,11 +232,24 @@ class SentencePieceTokenizer:
         return piece.encode("utf-8")
 
     def decode_bytes(self, ids: Iterable[int], special: bool = False) -> bytes:
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
         return b"".join(self.token_bytes(int(i), special) for i in ids)
 
-    def decode(self, ids: Iterable[int], special: bool = False) -> str:
-        """The text of `ids`; bytes that are not UTF-8 become U+FFFD."""
-        return self.decode_bytes(ids, special).decode("utf-8", errors="replace")
+    def decode(self, ids: Iterable[int], special: bool | None = None, *, skip_special_tokens: bool | None = None) -> str:
+        """The text of `ids`; bytes that are not UTF-8 become U+FFFD. Control pieces are left out unless `special`
+        (or `skip_special_tokens=False`, the BPE tokenizer's name)."""
+        if special is not None and skip_special_tokens is not None:
+            raise ValueError("give special or skip_special_tokens, not both")
+        show = (not checks.flag("skip_special_tokens", skip_special_tokens)) if skip_special_tokens is not None \
+            else bool(special)
+        return self.decode_bytes(ids, show).decode("utf-8", errors="replace")
+
+    def stream_decoder(self):
+        """A decoder for one token at a time that never splits a UTF-8 character (`bpe.StreamDecoder`)."""
+        from labkit.tokenizer.bpe import StreamDecoder
+
+        return StreamDecoder(self)
 
     def __repr__(self) -> str:
         return f"SentencePieceTokenizer({self.name!r}, {self.vocab_size} pieces)"
