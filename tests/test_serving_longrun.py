@@ -203,3 +203,96 @@ def test_stopping_the_server_takes_a_drafters_hooks_off_the_model(tiny):
     assert server.engine.engine.steps.maxlen == 1024  # a server keeps a bounded window of its passes
     server.stop()
     assert drafter.closed == 1
+
+
+def _thread_run(tiny, submit):
+    """Start an engine thread, let `submit(thread, sink)` queue requests, wait until each has ended: (ends, thread)."""
+    engine = Engine(tiny, policy="chunked", max_batch=3, token_budget=16, block_size=4, num_blocks=40)
+    thread = EngineThread(engine, request_timeout=30)
+    ended, done = {}, threading.Event()
+    expected = []
+
+    def sink(req, token):
+        if token is None:
+            ended[id(req)] = req.finish_reason
+            if len(ended) == len(expected):
+                done.set()
+        elif getattr(req, "explode_at", None) == len(req.output):
+            raise RuntimeError("the client's event loop is closed")
+
+    thread.start()
+    try:
+        expected.extend(submit(thread, sink))
+        assert done.wait(30), f"a request never ended: {ended}"
+    finally:
+        thread.stop()
+    return [ended[id(r)] for r in expected], thread
+
+
+def test_a_sink_that_fails_ends_its_request_and_frees_its_place(tiny):
+    def submit(thread, sink):
+        good, bad = Request("good", _repeating(0, 8), 12), Request("bad", _repeating(1, 8), 12)
+        bad.explode_at = 3
+        for r in (good, bad):
+            thread.submit(r, sink)
+        return [good, bad]
+
+    ends, thread = _thread_run(tiny, submit)
+    assert ends == ["length", "error"]
+    assert not thread.live, "the failed request still counts as waiting: enough of them and every submit gets 429"
+    assert thread.engine.cache.tables.n_free == thread.engine.cache.tables.num_blocks
+
+
+def test_a_second_request_with_a_running_id_fails_alone(tiny):
+    def submit(thread, sink):
+        first, second = Request("same", _repeating(0, 8), 20), Request("same", _repeating(1, 8), 4)
+        thread.submit(first, sink)
+        thread.submit(second, sink)
+        return [first, second]
+
+    ends, _ = _thread_run(tiny, submit)
+    assert ends == ["length", "error"]  # the first runs to its end; only the duplicate is refused
+
+
+class ShortHead(CountingHead):
+    """A head that drafts one token fewer than it is asked for (none when asked for one)."""
+
+    def propose(self, history, gamma, params=None, generator=None):
+        tokens, q = super().propose(history, gamma, params, generator)
+        self.drafted -= 1
+        return tokens[:-1], q
+
+
+def test_a_head_that_drafts_short_gives_back_the_blocks_kept_for_it(tiny):
+    engine = Engine(tiny, policy="chunked", max_batch=3, token_budget=32, block_size=4, num_blocks=60,
+                    drafter=ShortHead(), spec_budget="fixed:6")
+    step, tables = engine.step, engine.cache.tables
+
+    def checked(*args, **kwargs):
+        ran = step(*args, **kwargs)
+        for req in engine.scheduler.running:  # each holds the blocks of its verified tokens, no more
+            assert len(tables.tables[req.id]) == -(-tables.lengths[req.id] // 4), req.id
+        return ran
+
+    engine.step = checked
+    reqs = [Request(i, _repeating(i, 8), 16) for i in range(3)]
+    engine.replay(reqs)
+    assert sum(r.drafted for r in reqs) == engine.speculator.drafter.drafted > 0
+    assert tables.n_free == tables.num_blocks
+
+
+def test_a_failed_pass_leaves_no_draft_behind(tiny):
+    from labkit.serving.engine.steps import PassFailed
+
+    engine = Engine(tiny, policy="chunked", max_batch=2, token_budget=32, block_size=4, num_blocks=40,
+                    drafter=CountingHead(), spec_budget="fixed:3")
+    reqs = [Request(i, _repeating(i, 8), 16) for i in range(2)]
+    for r in reqs:
+        engine.add(r)
+    engine.step()  # the prompts
+    real = engine.model.forward
+    engine.model.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    with pytest.raises(PassFailed):
+        engine.step()
+    engine.model.forward = real
+    assert all(r.draft == [] and r.draft_q is None for r in reqs)

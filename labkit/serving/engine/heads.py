@@ -63,6 +63,8 @@ class HeadDrafts:
         self.kind = _kind(drafter)
         self.states: dict = {}
         self.steps = 0  # head steps run (a chained head runs one per drafted token, Medusa one per draft)
+        # the most tokens one draft can hold: Medusa's parallel heads guess one each; a chained head is unbounded
+        self.capacity = drafter.head.n_heads if self.kind == "medusa" else 1 << 30
 
     def forget(self, keep_ids) -> None:
         """Drop the state of every request not in `keep_ids` (finished, aborted or handed off)."""

@@ -136,10 +136,10 @@ class Engine:
                 rows = self.scheduler.schedule(now, draining)
             if not rows:
                 return None
-            if self.speculator is not None:
-                with sw.part("draft"):  # a head drafts the kept tokens only
-                    rows = self.speculator.draft(rows)
             try:
+                if self.speculator is not None:
+                    with sw.part("draft"):  # a head drafts the kept tokens only
+                        rows = self._drafted(rows)
                 with sw.part("pass"):
                     ids = [t for req, n in rows for t in req.next_tokens(n)]
                     self.cache.plan([(req.id, n) for req, n in rows], logits={req.id: n for req, n in rows if req.draft})
@@ -149,12 +149,14 @@ class Engine:
                     if torch.isnan(logits).any():
                         raise ValueError("the model produced NaN logits; refusing to sample")
             except Exception as exc:
+                for req, _ in rows:  # no draft outlives its pass
+                    req.draft, req.draft_q = [], None
                 raise PassFailed([req for req, _ in rows], exc) from exc
             pass_s = sw.totals()["pass"] if self.pass_time is None else float(self.pass_time(rows))
             if self.speculator is not None:  # sequences counted as the budget predicts them (`pass_sequences`)
-                riding = sum(n for req, n in rows if not req.prefilled)
-                self.speculator.budget.observe_pass(
-                    len(ids), pass_s, rows=pass_sequences(sum(1 for req, _ in rows if req.prefilled), riding))
+                decoding = [req.decodes_next for req, _ in rows]
+                riding = sum(n for (req, n), d in zip(rows, decoding) if not d)
+                self.speculator.budget.observe_pass(len(ids), pass_s, rows=pass_sequences(sum(decoding), riding))
             with sw.part("verify and sample"):
                 if self.scheduler.prefix_cache:  # the blocks this pass filled, findable by later requests
                     for req, _ in rows:
@@ -181,6 +183,16 @@ class Engine:
         self.steps.append(step)
         self.n_steps += 1
         return step
+
+    def _drafted(self, rows):
+        """The rows once a head has drafted the tokens kept for it (`Speculator.draft`); a row it drafted short of
+        what was kept gives back the blocks reserved for the rest."""
+        drafted, tables = self.speculator.draft(rows), self.cache.tables
+        for (req, planned), (_, n) in zip(rows, drafted):
+            if n < planned:
+                tables.truncate(req.id, tables.lengths[req.id])
+                tables.reserve(req.id, n)
+        return drafted
 
     def _end(self, now: float, clock, sw: Stopwatch, pass_s: float) -> float:
         """When this step's tokens are out: `clock()`, or `now` + the work timed so far (the pass's cost in
@@ -236,8 +248,9 @@ class Engine:
                         self.listeners.pop(req.id)(req, None)
                 except Exception as exc:  # a listener's bug fails its own request, and nothing else
                     log.exception("labkit serve: the listener of request %r failed; ending that request", req.id)
-                    self.listeners.pop(req.id, None)
-                    if not done:
+                    if done:
+                        self.listeners.pop(req.id, None)
+                    else:  # the abort tells the listener it ended (guarded), so its owner can let go of it
                         self.abort(req, "error", f"the request's listener failed: {type(exc).__name__}: {exc}", end)
                     return
             if done:
@@ -257,7 +270,10 @@ class Engine:
         found = self.scheduler.abort(req, reason, message, now)
         listener = self.listeners.pop(req.id, None)
         if listener is not None:
-            listener(req, None)
+            try:
+                listener(req, None)
+            except Exception:  # a listener that fails at the end cannot take the engine with it
+                log.exception("labkit serve: the listener of request %r failed when told it ended", req.id)
         return found
 
     def replay(self, requests: list[Request], progress: bool = False, max_steps: int = 100_000) -> Replay:

@@ -86,6 +86,11 @@ class Request:
         return len(self.prompt) + self.max_new_tokens - 1
 
     @property
+    def decodes_next(self) -> bool:
+        """Its next row is a decoding row: the prompt cached and one token to run (then drafts may join it)."""
+        return self.prefilled and self.n_uncached == 1
+
+    @property
     def prefilled(self) -> bool:
         """Every prompt token is cached (it decodes from here on)."""
         return self.n_cached >= len(self.prompt)

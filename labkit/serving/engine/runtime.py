@@ -142,14 +142,18 @@ class EngineThread:
         """End `req` with finish_reason "error" wherever it is: out of the scheduler if it got in, its slot given
         back, and its client told (through its listener, or `sink` when it never got one)."""
         s, now = self.engine.scheduler, self.clock()
-        if req not in s.running and req not in s.waiting:  # never got in (or ended): the abort below cannot fail it
+        if req in s.running or req in s.waiting:  # (by identity) it got in: free its blocks, tell its listener
+            self.engine.abort(req, "error", message, now)
+        else:  # never got in: another request may hold its id, so nothing keyed by the id is touched
             req.fail("error", message, now)
-        had_listener = req.id in self.engine.listeners
-        self.engine.abort(req, "error", message, now)  # frees its blocks and tells its listener
-        if not had_listener and sink is not None:
-            self._listener(sink)(req, None)
+            if sink is not None:
+                try:
+                    self._listener(sink)(req, None)
+                except Exception:
+                    log.exception("labkit serve: the sink of request %r failed", req.id)
         with self.lock:
-            self.live.pop(req.id, None)
+            if self.live.get(req.id) is req:
+                del self.live[req.id]
 
     def _expire(self) -> None:
         if self.request_timeout is None:

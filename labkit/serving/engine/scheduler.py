@@ -122,7 +122,7 @@ class Scheduler:
         """Recompute-preemption: free the blocks, back to the front of the queue."""
         self.running.remove(req)
         self.blocks.free(req.id)
-        req.n_cached, req.status = 0, Status.WAITING
+        req.n_cached, req.status, req.draft, req.draft_q = 0, Status.WAITING, [], None
         req.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(req)
@@ -150,7 +150,7 @@ class Scheduler:
         return rows if self.speculator is None else self._with_drafts(rows)
 
     def decoding(self) -> list[Request]:  # the running requests that decode next: prompt cached, one token to run
-        return [r for r in self.running if r.prefilled and r.n_uncached == 1]
+        return [r for r in self.running if r.decodes_next]
 
     def _with_drafts(self, rows: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
         """The planned rows with each decoding row's drafted tokens added: as many as the budget keeps, given the pass
@@ -158,13 +158,13 @@ class Scheduler:
         the blocks for them are not free (a draft never preempts anyone). Prompt lookup has drafted by now (the
         decision reads what it found: `Speculator.offer`); a head drafts the kept tokens after this."""
         spec, budget = self.speculator, self.speculator.budget
-        decode = [req for req, n in rows if n == 1 and req.prefilled and req.n_uncached == 1]
+        decode = [req for req, n in rows if n == 1 and req.decodes_next]
         offers = [(req, spec.offer(req)) for req in decode]
         offers = [(req, n) for req, n in offers if n > 0]
         if not offers:
             return rows
         room = self.token_budget - sum(n for _, n in rows)
-        riding = sum(n for req, n in rows if not (req.prefilled and req.n_uncached == 1 and n == 1))
+        riding = sum(n for req, n in rows if not (n == 1 and req.decodes_next))
         ks = budget.choose(offers, batch=len(self.running), riding=riding, decoding=len(decode), planned=list(rows),
                            room=room)
         kept = {}

@@ -87,7 +87,9 @@ class Speculator:
         if room <= 0:
             return 0
         if self._after:
-            return room if self.heads is None or self.heads.ready(req) else 0
+            if self.heads is None:
+                return room
+            return min(room, self.heads.capacity) if self.heads.ready(req) else 0
         tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
         self._keep(req, list(tokens)[:room], q)
         return len(req.draft)

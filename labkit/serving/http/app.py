@@ -192,7 +192,8 @@ class _Run:
         """Text (and logprob entries) a token event adds; at the end, the finish reason (or an ApiError)."""
         text = self.texts[req.id]
         if token is not None:
-            self.heard[req.id] += 1
+            if not text.stopped:  # logprobs end with the token that completed the stop string, as the text does
+                self.heard[req.id] += 1
             piece = text.push(token)
             if text.stopped:  # a stop string: end this request now, in the scheduler too
                 self.srv.engine.abort(req, "stop")
