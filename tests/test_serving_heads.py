@@ -101,20 +101,41 @@ def test_a_server_drafts_with_a_head_and_counts_it_by_name():
 
 def test_under_load_each_request_drafts_what_it_drafts_alone():
     """Passes of at most 16 tokens (the batch-invariant mode's guarantee) and no prefix cache: every request's hidden
-    states are the bits it gets alone, so with the MTP head each drafts and has accepted exactly what it does served
-    alone. Rows routed to the wrong request would change the counts. Nothing is kept once the requests end."""
+    states are the bits it gets alone, so at every position where the head drafts for a request under load, it drafts
+    what it drafts for that request served alone from the same position (a chained greedy head: the shorter draft is a
+    prefix of the longer). Rows routed to the wrong request would change the tokens. How many tokens a request drafts
+    does depend on the load (prompt tokens come before drafted ones in a pass). Nothing is kept once requests end."""
     model, tok = smollm2()
     drafter = MTPDrafter.from_file(model)
     kw = dict(policy="chunked", max_batch=3, token_budget=16, batch_invariant=True, prefix_cache=False,
               drafter=drafter, spec_budget="fixed:4")
-    try:
-        reqs = [Request(i, _chat(tok, p), 16, arrival=0.02 * i) for i, p in enumerate(PROMPTS)]
-        engine = Engine(model, **kw)
-        together = {r.id: (r.drafted, r.accepted, r.output) for r in engine.replay(reqs).requests}
+
+    def served(reqs):
+        engine, seen = Engine(model, **kw), {}
+        propose = engine.speculator.heads.propose
+
+        def recording(req, gamma):
+            tokens = propose(req, gamma)
+            seen[(req.id, len(req.tokens))] = tokens
+            return tokens
+
+        engine.speculator.heads.propose = recording
+        out = {r.id: r.output for r in engine.replay(reqs).requests}
         assert not engine.speculator.heads.states, "the head kept state for requests that ended"
+        return out, seen
+
+    try:
+        together, under_load = served([Request(i, _chat(tok, p), 16, arrival=0.02 * i) for i, p in enumerate(PROMPTS)])
+        compared = 0
         for i, p in enumerate(PROMPTS):
-            alone = Engine(model, **kw).replay([Request(i, _chat(tok, p), 16)]).requests[0]
-            assert together[i] == (alone.drafted, alone.accepted, alone.output), i
+            out, alone = served([Request(i, _chat(tok, p), 16)])
+            assert together[i] == out[i], i
+            for key, tokens in under_load.items():
+                if key[0] == i and key in alone:
+                    n = min(len(tokens), len(alone[key]))
+                    assert tokens[:n] == alone[key][:n], key
+                    compared += n > 0
+        assert compared >= 5, "too few positions drafted both ways to compare"
     finally:
         drafter.close()
 

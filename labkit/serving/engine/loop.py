@@ -132,8 +132,13 @@ class Engine:
         """
         sw = Stopwatch()
         with sw.whole():
+            if self.speculator is not None:
+                self.speculator.offer_s = 0.0
             with sw.part("schedule"):  # every token of the pass: rows, prompt chunks, drafts kept (prompt lookup's)
                 rows = self.scheduler.schedule(now, draining)
+            if self.speculator is not None and self.speculator.offer_s:  # prompt lookup's drafting, inside the plan
+                sw.add("schedule", -self.speculator.offer_s)
+                sw.add("draft", self.speculator.offer_s)
             if not rows:
                 return None
             try:

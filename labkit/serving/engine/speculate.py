@@ -59,6 +59,7 @@ class Speculator:
         self.drafted = self.accepted = 0
         self._after = self.heads is not None or getattr(drafter, "drafts_after_budget", False)
         self.pending: list = []  # (request, tokens kept) a head drafts after the plan (`keep`, then `draft`)
+        self.offer_s = 0.0  # seconds the drafter spent in `offer` since the engine last set this to 0 (its step)
 
     @property
     def name(self) -> str:
@@ -80,7 +81,8 @@ class Speculator:
     def offer(self, req) -> int:
         """How many drafted tokens `req` (a decoding row of the pass being planned) could verify: never past its
         reply's end, none under a format constraint. Prompt lookup or a draft model drafts them now, up to the
-        budget's `gamma_max` (the decision reads how many it found); a head, or a drafter with
+        budget's `gamma_max` (the decision reads how many it found; the time it takes is `offer_s`, which the
+        engine counts as drafting, not scheduling); a head, or a drafter with
         `drafts_after_budget = True` (`specload.ModelledHead`), drafts nothing yet and offers what it could."""
         req.draft, req.draft_q = [], None
         room = min(self.budget.gamma_max, req.max_new_tokens - len(req.output) - 1) if req.constraint is None else 0
@@ -90,7 +92,9 @@ class Speculator:
             if self.heads is None:
                 return room
             return min(room, self.heads.capacity) if self.heads.ready(req) else 0
+        start = now()
         tokens, q = self.drafter.propose(req.tokens, room, req.params, req.generator)
+        self.offer_s += now() - start
         self._keep(req, list(tokens)[:room], q)
         return len(req.draft)
 
