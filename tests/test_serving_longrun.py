@@ -37,13 +37,15 @@ class FullDrafter:
 
 
 def test_orca_counts_drafted_tokens_against_the_budget(tiny):
-    """The recorded defect: orca admitted prompts with `token_budget - len(rows)` (rows, not tokens), so two decoding
-    rows of 1 + 8 left 30 tokens in its sums where 14 were left, and a pass ran over its budget of 32."""
+    """The recorded defect (a 42-token pass under a budget of 32): orca admitted prompts with `token_budget - len(rows)`
+    while decoding rows already carried their drafts. Drafts are now planned after the prompt rows, from the exact
+    room left, so no pass can exceed the budget whatever a policy admits (and orca counts tokens too): this case,
+    decoding rows that would draft 8 each while prompts of 20 arrive, checks the property, not one line."""
     reqs = [Request(i, _repeating(i, 6), 24) for i in range(2)]  # decoding, 8 drafts each: 18 tokens a pass
     reqs += [Request(i, _repeating(i, 20), 10, arrival=0.05) for i in range(2, 4)]  # prompts of 20 to admit
     engine = Engine(tiny, policy="orca", max_batch=4, token_budget=32, block_size=4, num_blocks=80,
-                    drafter=FullDrafter(), spec_budget="fixed:8")
-    replay = engine.replay(reqs)
+                    drafter=FullDrafter(), spec_budget="fixed:8", pass_time=lambda rows: 0.01)  # the prompts come
+    replay = engine.replay(reqs)  # at pass 5 on a modelled clock, whatever this machine's speed
     assert any(s.drafted and len(s.rows) > 2 for s in replay.steps), "no prompt rode with drafting rows"
     assert max(s.n_tokens for s in replay.steps) <= 32
     assert engine.cache.tables.n_free == engine.cache.tables.num_blocks

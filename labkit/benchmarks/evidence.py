@@ -103,10 +103,9 @@ PENDING = {
     "compiled_bench.json": "not re-made yet: two formats compiled, then 6 fresh starts of 4 workers (2 compiled), about "
                            "45 minutes on 2 cores (make evidence)",
     "kv_compression.json": "not re-made yet: about 20 minutes on 2 cores (make evidence)",
-    "quant_quality.json": "not re-made yet: its int8-activation rows no longer need VNNI (exact float32 block sums, "
-                          "intdot.float_block_sums); the run of 2026-12-06 was stopped unfinished after 20 minutes, "
-                          "to leave the CPU quiet for re-making the step and kernel files; about 30 minutes on 2 cores "
-                          "(make evidence)",
+    "quant_quality.json": "not re-made yet: no longer needs VNNI (intdot.float_block_sums); the run of 2026-12-06 "
+                          "was stopped unfinished to leave the CPU quiet for the step and kernel files; about 30 "
+                          "minutes on 2 cores (make evidence)",
     "serving_spec.json": "not re-made yet: the serving trio takes about an hour on 2 cores, and the serving issue rewrites "
                          "the engine it measures (make evidence after it)",
     "serving_spec_live.json": "not re-made yet: reads serving_spec.json, re-made after it (make evidence)",

@@ -5,10 +5,8 @@ runs the model once over the `PagedBatch` (`labkit.kvcache.batch`), and gives ev
 request that has caught up its next token (sampled with its own parameters and seed).
 Finished requests free their blocks at once, so the next step can admit someone new.
 
-`replay(requests)` runs a trace on a *measured virtual clock*: the clock advances by the
-wall time each step really takes, and jumps over idle gaps to the next arrival instead
-of sleeping through them. Every time a request records is therefore a real compute time
-on this machine, while a trace with long pauses still runs in seconds.
+`replay(requests)` runs a trace on a *measured virtual clock*: it advances by each step's real wall
+time and jumps over idle gaps to the next arrival, so a trace with long pauses runs in seconds.
 
     engine = Engine(model, policy="chunked", max_batch=8, token_budget=64)
     report = engine.replay(requests)          # the requests, now with their times
@@ -53,15 +51,11 @@ class Engine:
     `batch_invariant`: every pass of up to 16 tokens gives each row the bits it gets alone (the model's
     switch, and each query attending alone), so a request's greedy reply does not depend on what shares its
     passes: with drafts or without, under any load.
-    `pass_time(rows) -> seconds` (rows [(request, tokens)]): the clock advances by it instead of each pass's wall
-    time, and the budget sees it as the pass's cost (a measured table, `passcost.step_time`, or a GPU's modelled
-    pass); None: the wall time. Without `pass_time` the clock covers the step's whole work (drafting, scheduling,
-    the pass, verification and sampling, emitting). With it, the clock advances by the modelled pass only, a
-    deterministic replay that leaves the host's work out, unless `host_time=True` adds this machine's measured
-    drafting, scheduling, verification, sampling and emitting to each pass's cost. Either way every `Step`
-    records the measured parts (`Step.parts`), so what a replay leaves out can be printed beside it.
-    `keep_steps`: how many recent `Step`s `steps` keeps (None: all, as a replay or a study reads them; a server
-    that runs for weeks keeps a bounded window, `labkit serve` 1,024). `n_steps` counts every pass run.
+    `pass_time(rows) -> seconds` (rows [(request, tokens)]): the clock advances by it instead of the pass's wall
+    time, and the budget sees it as the pass's cost (`passcost.step_time`, or a GPU's modelled pass); the host's
+    work is left out unless `host_time=True` adds this machine's measured rest of the step. Without it the clock
+    covers the step's whole work. Every `Step` records the measured parts (`Step.parts`).
+    `keep_steps`: how many recent `Step`s `steps` keeps (None: all; `labkit serve`: 1,024); `n_steps` counts all.
     """
 
     def __init__(self, model, *, policy: str = "continuous", max_batch: int = 8, token_budget: int = 256,
@@ -190,8 +184,7 @@ class Engine:
         return step
 
     def _drafted(self, rows):
-        """The rows once a head has drafted the tokens kept for it (`Speculator.draft`); a row it drafted short of
-        what was kept gives back the blocks reserved for the rest."""
+        """The rows once a head has drafted its kept tokens; a row drafted short gives back the blocks kept for it."""
         drafted, tables = self.speculator.draft(rows), self.cache.tables
         for (req, planned), (_, n) in zip(rows, drafted):
             if n < planned:
@@ -303,9 +296,7 @@ class Engine:
     # ---- disaggregated prefill (labkit.serving.studies.disagg) ------------------------------------------
 
     def hand_off(self, req: Request) -> tuple[torch.Tensor, torch.Tensor]:
-        """Let running `req` go on elsewhere once it has its first token: its keys and values (a copy, from
-        `PagedBatch.export_kv`), then its blocks freed here. It is not finished: another engine's
-        `add_prefilled` takes it on."""
+        """Let running `req` (with its first token) go on elsewhere: its keys and values (a copy), its blocks freed."""
         if req not in self.scheduler.running or not req.output:
             raise ValueError(f"req {req.id!r} must be running here and have its first token to be handed off")
         keys, values = self.cache.export_kv(req.id)
@@ -315,10 +306,8 @@ class Engine:
         return keys, values
 
     def add_prefilled(self, req: Request, keys: torch.Tensor, values: torch.Tensor) -> bool:
-        """Take on `req`, prefilled elsewhere: `keys`/`values` [n_layers, n, n_kv_heads, head_dim] hold all its
-        tokens but the last (what `hand_off` gives), imported into this cache; it decodes from the next step and
-        never prefills here. False, with nothing changed, when there is no room now (`max_batch` running, or too
-        few free blocks): try again after a step."""
+        """Take on `req`, prefilled elsewhere: `keys`/`values` [n_layers, n, n_kv_heads, head_dim] of all its tokens
+        but the last (`hand_off`'s); it decodes from the next step. False, nothing changed, when there is no room."""
         n = keys.shape[1] if keys.dim() == 4 else -1
         if n != len(req.tokens) - 1:
             raise ValueError(f"keys must hold all of request {req.id!r}'s {len(req.tokens)} tokens but the last, "

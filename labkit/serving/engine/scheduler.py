@@ -149,9 +149,6 @@ class Scheduler:
             rows = self._chunked()
         return rows if self.speculator is None else self._with_drafts(rows)
 
-    def decoding(self) -> list[Request]:  # the running requests that decode next: prompt cached, one token to run
-        return [r for r in self.running if r.decodes_next]
-
     def _with_drafts(self, rows: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
         """The planned rows with each decoding row's drafted tokens added: as many as the budget keeps, given the pass
         as planned (its decoding rows and the prompt rows riding along) and the exact room it leaves, cut further if
