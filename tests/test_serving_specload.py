@@ -218,3 +218,16 @@ def test_a_modelled_heads_drafting_is_on_the_replays_clock(shakespeare, recorded
     assert paid["duration_s"] - free["duration_s"] == pytest.approx(0.01 * paid["drafted"])
     with pytest.raises(ValueError, match="step_s"):
         specload.ModelledHead(recorded, 0.5, step_s=-1)
+
+
+def test_every_seed_carries_its_stated_load(recorded):
+    """F3: the trace's gaps are scaled so its span is (n - 1) / rate; seeds differ in order and spacing only."""
+    n = len(recorded["prompts"]) * 3
+    spans = []
+    for seed in range(4):
+        arrivals = sorted(r.arrival for r in specload.trace(recorded, 2.0, copies=3, seed=seed))
+        assert arrivals[0] == 0.0 and all(b >= a for a, b in zip(arrivals, arrivals[1:]))
+        spans.append(arrivals[-1])
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        assert len(set(round(g, 9) for g in gaps)) > 1  # not a uniform grid
+    assert spans == pytest.approx([(n - 1) / 2.0] * 4, rel=1e-12)

@@ -61,22 +61,23 @@ def one_point(model, rec, cost, rate, seed, drafters, heads_alpha, budgets=BUDGE
     from labkit.serving.studies import specload
 
     rows = []
-    for name, drafter in (("none", None), *drafters.items()):
-        for budget in (("off",) if drafter is None else budgets):
-            live = specload.replay(rec, model.config, None, rate=rate, budget=budget, seed=seed, model=model,
-                                   drafter=drafter, **ENGINE)
-            served = live.pop("served")
-            exact = all(r.output == rec["replies"][r.id % len(rec["replies"])] for r in served)
-            head, step_s = None, 0.0  # the replay's drafter: prompt lookup, or a modelled head as the live one ran
-            if drafter is not None and name != "prompt lookup":
-                if live["tested"]:  # per drafted token, given the ones before it were accepted: ModelledHead's rate
-                    heads_alpha[name] = (live["accepted"] / live["tested"], live["draft_s"] / live["drafted"])
-                head, step_s = heads_alpha.get(name, (0.0, 0.0))
-            replayed = specload.replay(rec, model.config, cost, rate=rate, budget=budget, seed=seed, head=head,
-                                       head_step_s=step_s, **ENGINE)
-            replayed.pop("served")
-            rows.append({"drafter": name, "budget": budget, "seed": seed, "live": _summary(live),
-                         "replay": _summary(replayed), "exact": exact})
+    configs = [(name, drafter, budget) for name, drafter in (("none", None), *drafters.items())
+               for budget in (("off",) if drafter is None else budgets)]
+    for name, drafter, budget in configs[::-1] if seed % 2 else configs:  # drift enters the pairs both ways
+        live = specload.replay(rec, model.config, None, rate=rate, budget=budget, seed=seed, model=model,
+                               drafter=drafter, **ENGINE)
+        served = live.pop("served")
+        exact = all(r.output == rec["replies"][r.id % len(rec["replies"])] for r in served)
+        head, step_s = None, 0.0  # the replay's drafter: prompt lookup, or a modelled head as the live one ran
+        if drafter is not None and name != "prompt lookup":
+            if live["tested"]:  # per drafted token, given the ones before it were accepted: ModelledHead's rate
+                heads_alpha[name] = (live["accepted"] / live["tested"], live["draft_s"] / live["drafted"])
+            head, step_s = heads_alpha.get(name, (0.0, 0.0))
+        replayed = specload.replay(rec, model.config, cost, rate=rate, budget=budget, seed=seed, head=head,
+                                   head_step_s=step_s, **ENGINE)
+        replayed.pop("served")
+        rows.append({"drafter": name, "budget": budget, "seed": seed, "live": _summary(live),
+                     "replay": _summary(replayed), "exact": exact})
     return rows
 
 

@@ -100,7 +100,7 @@ class SentencePieceTokenizer:
         `parse_special`: True (every control piece), False (none) or a set of the control pieces' ids to match."""
         parts: list[bytes | int] = [data]
         for text, tid, kind in self._specials:
-            wanted = parse_special if isinstance(parse_special, bool) else tid in parse_special
+            wanted = parse_special if parse_special is True or parse_special is False else tid in parse_special
             if kind != USER_DEFINED and not wanted:
                 continue
             out: list[bytes | int] = []
@@ -170,6 +170,8 @@ class SentencePieceTokenizer:
             if parse_special:
                 raise ValueError("give allowed_special or parse_special, not both")
             parse_special = self._allowed(allowed_special)
+        else:
+            checks.flag("parse_special", parse_special)
         if isinstance(text, str):
             data = text.encode("utf-8", errors="surrogatepass")
         elif isinstance(text, (bytes, bytearray)):
@@ -178,8 +180,6 @@ class SentencePieceTokenizer:
             raise TypeError(f"text must be a str or bytes, got {type(text).__name__}")
         add_bos = self.add_bos if add_bos is None else checks.flag("add_bos", add_bos)
         ids = [self._bos] if add_bos and self._bos is not None else []
-        if isinstance(parse_special, bool):
-            checks.flag("parse_special", parse_special)
         for part in self._partition(data, parse_special):
             ids.extend([part] if isinstance(part, int) else self._fragment(part))
         return ids

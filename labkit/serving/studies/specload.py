@@ -142,7 +142,10 @@ def only(recorded: dict, kind: str) -> dict:
 
 
 def trace(recorded: dict, rate: float, copies: int = 1, seed: int = 0) -> list[Request]:
-    """The recorded requests (each `copies` times, as new requests) arriving as a Poisson process at `rate`/s."""
+    """The recorded requests (each `copies` times, as new requests) arriving as a Poisson process at `rate`/s,
+    conditioned on its span: the gaps are scaled so the last arrival is at exactly (n - 1) / rate, every seed at
+    its stated load (the arrival times are then uniform over the span, as a Poisson process's given their count),
+    so that seeds differ in the order and spacing of requests, not in how much load they carry."""
     import numpy as np
 
     if not (isinstance(rate, (int, float)) and rate > 0):
@@ -153,6 +156,8 @@ def trace(recorded: dict, rate: float, copies: int = 1, seed: int = 0) -> list[R
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
     gaps = np.zeros(n) if rate == float("inf") else rng.exponential(1.0 / rate, n)
+    if rate != float("inf") and n > 1:
+        gaps *= (n - 1) / rate / gaps[1:].sum()
     arrivals = np.cumsum(gaps) - gaps[0]
     stop = frozenset(recorded["stop_ids"])
     m = len(recorded["prompts"])
