@@ -50,7 +50,7 @@ def traces(recorded: dict) -> dict:
 
 def _summary(s: dict) -> dict:
     keep = ("throughput_tok_s", "tpot_mean_s", "ttft_p50_s", "duration_s", "drafted", "accepted", "tested", "steps",
-            "draft_s")
+            "draft_s", "draft_passes")
     out = {k: s[k] for k in keep}
     out["s_per_token"] = s["duration_s"] / s["output_tokens"]
     return out

@@ -199,6 +199,7 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
     steps = engine.steps
     out.update(budget=budget, rate=rate, drafted=sum(s.drafted for s in steps), accepted=sum(s.accepted for s in steps),
                tested=sum(r.tested for r in reqs), draft_s=sum(s.parts.get("draft", 0.0) for s in steps),
+               draft_passes=sum(1 for s in steps if s.drafted),
                tokens_per_pass=sum(s.n_tokens for s in steps) / max(1, len(steps)))
     for kind in sorted(set(recorded["kinds"])):
         per = [r for r in reqs if recorded["kinds"][r.id % m] == kind and len(r.token_times) > 1]
