@@ -48,6 +48,9 @@ def test_the_recorded_replay_is_the_engine_with_the_real_model(shakespeare, reco
     assert real.pop("draft_s") >= 0 and replayed.pop("draft_s") >= 0  # the drafting timed on this machine's clock
     assert replayed == real
     assert (real["drafted"] > 0) == (budget != "off")
+    # the passes that carried a draft: none without drafts; at most one per drafted token, and no more than passes
+    assert (real["draft_passes"] > 0) == (budget != "off")
+    assert real["draft_passes"] <= min(real["drafted"], real["steps"])
 
 
 def test_the_recording_refuses_what_it_did_not_record(shakespeare, recorded):  # noqa: F811

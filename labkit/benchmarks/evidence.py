@@ -85,15 +85,15 @@ STORED = {s.file: s for s in (
            ("labkit/benchmarks/gemma3_quality.py", "labkit/metrics", "labkit/tokenizer/spm.py", *MODEL), ("06",),
            "quality on fixed windows of held-out text (deterministic, no timing)", minutes=5),
     Stored("serving_spec.json", "python -m labkit.benchmarks.serving_spec --json {out}",
-           ("labkit/benchmarks/serving_spec.py", *SERVING, *MODEL, *TIMING), ("09",),
-           "greedy replies recorded once; pass costs timed in one process; the replay simulated", minutes=7),
+           ("labkit/benchmarks/serving_spec.py", *SERVING, *MODEL, *TIMING), ("09a",),
+           "greedy replies recorded once; pass costs timed in one process; the replay simulated", minutes=15),
     Stored("serving_spec_live.json", "python -m labkit.benchmarks.serving_spec_live --model float32 --drafters "
            "'prompt lookup' --budgets 'fixed:3,auto' --json {out}",
-           ("labkit/benchmarks/serving_spec_live.py", *SERVING, *MODEL, *TIMING), ("09",),
-           "live engine runs at each load and seed, interleaved by seed", inputs=("serving_spec.json",), minutes=40),
+           ("labkit/benchmarks/serving_spec_live.py", *SERVING, *MODEL, *TIMING), ("09a",),
+           "live engine runs at each load and seed, interleaved by seed", inputs=("serving_spec.json",), minutes=34),
     Stored("serving_spec_live_native.json", "python -m labkit.benchmarks.serving_spec_live --model native --json {out}",
-           ("labkit/benchmarks/serving_spec_live.py", *SERVING, *MODEL, *TIMING), ("09",),
-           "live engine runs at each load and seed, interleaved by seed", inputs=("serving_spec.json",), minutes=16),
+           ("labkit/benchmarks/serving_spec_live.py", *SERVING, *MODEL, *TIMING), ("09a",),
+           "live engine runs at each load and seed, interleaved by seed", inputs=("serving_spec.json",), minutes=30),
 )}
 
 
@@ -106,10 +106,6 @@ PENDING = {
     "quant_quality.json": "not re-made yet: no longer needs VNNI (intdot.float_block_sums); the run of 2026-12-06 "
                           "was stopped unfinished to leave the CPU quiet for the step and kernel files; about 30 "
                           "minutes on 2 cores (make evidence)",
-    "serving_spec.json": "not re-made yet: the serving trio takes about an hour on 2 cores, and the serving issue rewrites "
-                         "the engine it measures (make evidence after it)",
-    "serving_spec_live.json": "not re-made yet: reads serving_spec.json, re-made after it (make evidence)",
-    "serving_spec_live_native.json": "not re-made yet: reads serving_spec.json, re-made after it (make evidence)",
 }
 
 

@@ -1,7 +1,7 @@
 """Speculation under load, live: the real engine on the wall clock with drafts, beside the replay of the same traces.
 
 `python -m labkit.benchmarks.serving_spec_live --model float32 --json data/serving_spec_live.json` and
-`... --model native --json data/serving_spec_live_native.json` (chapter 09 section 16 reads both).
+`... --model native --json data/serving_spec_live_native.json` (deep dive 09a reads both).
 SmolLM2-135M (batch-invariant: the mode whose greedy replies are exact), in float32 or from its GGUF file on labkit's
 own kernels (`MODELS`: what a drafted token costs differs between the two), serves the recorded requests of
 `data/serving_spec.json` (the model's own greedy replies to them, `NEW_TOKENS` at most, served in the live runs'
