@@ -163,6 +163,8 @@ def test_compare_at_budget_runs_every_kind_on_a_tiny_model_with_smollm2s_vocabul
             assert target - 0.02 < row["fraction"] <= target + 1e-9, row["name"]
         assert row["ppl"] > 1 and 0 <= row["passkey"] <= 1 and row["itl_s"] > 0
     assert {(r["name"], r["position"]) for r in out["itl"]} == {(n, p) for n in names for p in (100, 400)}
+    for r in out["itl"]:  # every step's time kept, its median the row's ITL
+        assert len(r["samples"]) == 1 and r["itl_s"] == r["samples"][0] > 0
     for row in out["rows"]:
         assert row["feeding"] == ("one pass" if row["name"] == "snapkv" else "chunks of 64")
         assert len(row["key_kept"]) == 1 and 0 <= row["key_kept"][0] <= 1

@@ -4,7 +4,9 @@ Two parts, both printed as `labkit bench --only kvcache` prints them:
 
 - **eviction at equal bytes** on SmolLM2-135M (float32): every cache kind at 10, 25 and 50 % of the
   full cache's bytes at L = 4,096 tokens (perplexity of held-out Shakespeare, passkey accuracy over
-  3 seeded trials, ITL), and the ITL against position up to 8,176 tokens for the first budget;
+  3 seeded trials, ITL with every step's time), the two swapped feedings (`compression.PROTOCOLS`: SnapKV
+  fed in chunks, H2O in one pass) at every budget, and the ITL against position up to 8,176 tokens for the
+  first budget;
 - **compressed attention** trained by the lab: the Shakespeare target against `shakespeare-csa`
   (`labkit.train.compare`).
 
@@ -18,7 +20,7 @@ import argparse
 from labkit.measure.clock import now as clock_now
 
 STORED = dict(length=4096, fractions=(0.1, 0.25, 0.5), trials=3, positions=[512, 2048, 4096, 8176], steps=7,
-              passkey_lengths=[1024, 2048, 4096])
+              passkey_lengths=[1024, 2048, 4096], protocols=True)
 
 
 def run_stored(plan: dict | None = None) -> dict:

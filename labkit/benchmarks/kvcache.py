@@ -82,7 +82,8 @@ def compression_tables(model, tok, plan: dict) -> dict:
     tables = []
     for f in plan["fractions"]:
         out = compare_at_budget(model, tok, text, f, trials=trials, itl_positions=plan["positions"] if not tables else [L],
-                                itl_steps=plan["steps"], known={r["name"]: r for t in tables for r in t["rows"]})
+                                itl_steps=plan["steps"], known={r["name"]: r for t in tables for r in t["rows"]},
+                                protocols=plan.get("protocols", False))
         baseline[L] = out["baseline_passkey"]
         tables.append(out)
         print(f"  budget {f:.0%} of the full cache's bytes at {L} tokens ({out['full_bytes'] / 2**20:.0f} MiB); "
@@ -91,9 +92,10 @@ def compression_tables(model, tok, plan: dict) -> dict:
               f"{'passkey':>7s} {'ITL ms @' + str(max(r['position'] for r in out['itl'])):>12s}")
         for r in out["rows"]:
             opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or f"max_len={L}"
-            share = f"{r['fraction']:.3f}" + ("" if r["settable"] else "*")
+            share = ("-" if r["fraction"] is None else f"{r['fraction']:.3f}") + ("" if r["settable"] else "*")
             print(f"  {r['name']:9s} {opts:38s} {r['bytes_per_token']:9.0f} {share:>6s} {r['ppl']:7.2f} "
-                  f"{r['ppl_tail']:8.2f} {r['passkey']:7.2f} {r['itl_s'] * 1e3:12.1f}")
+                  f"{r['ppl_tail']:8.2f} {r['passkey']:7.2f} "
+                  + ("-".rjust(12) if r["itl_s"] is None else f"{r['itl_s'] * 1e3:12.1f}"))
         print("  * quantized KV cannot be set to a budget: its share is what its bit width gives")
     print("  full cache passkey accuracy by length: " + ", ".join(f"{n}: {a:.2f}" for n, a in baseline.items()))
     failing = [n for n, a in baseline.items() if a < 1]

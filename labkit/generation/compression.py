@@ -18,6 +18,8 @@ it is. Each kind is then measured three ways:
 """
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from labkit.generation.latency import filler_ids, time_steps
@@ -42,7 +44,8 @@ def itl_by_position(model, specs, positions, steps: int = 5, chunk: int = 512) -
     Every (spec, position) gets its own cache, filled with `position` random tokens (`feed`:
     chunks of `chunk`, SnapKV in one pass), and one untimed step; then `steps` timed steps go
     round-robin over all of them, so machine noise hits every kind and position alike.
-    Rows: {name, position, itl_s}.
+    Rows: {name, position, itl_s, samples}: `samples` holds every timed step's seconds, paired step by step
+    across the rows (one interleaved run: `labkit.measure.Run.from_samples` and `compare`).
     """
     positions = list(positions)
     if not positions or any(not isinstance(p, int) or p < 1 for p in positions):
@@ -60,7 +63,9 @@ def itl_by_position(model, specs, positions, steps: int = 5, chunk: int = 512) -
             token = torch.tensor([[int(feed(model, filler_ids(p, model.config.vocab_size), kv, chunk).argmax())]])
             model.step(token, cache=kv)  # warm-up: the first step after a prompt may allocate
             runs.append([spec["name"], p, kv, token])
-    return [{"name": name, "position": p, "itl_s": t} for (name, p, *_), t in zip(runs, time_steps(model, runs, steps))]
+    timed = time_steps(model, runs, steps, samples=True)
+    return [{"name": name, "position": p, "itl_s": statistics.median(t), "samples": t}
+            for (name, p, *_), t in zip(runs, timed)]
 
 
 PROTOCOLS = {  # the feeding each budgeted kind gets by default, and the variant that swaps it

@@ -16,17 +16,21 @@ _LAYOUT = dict(height=430, margin=dict(t=80, l=60, r=20, b=50), legend=dict(orie
 
 
 def compression_figure(table: dict) -> go.Figure:
-    """Perplexity and passkey accuracy of every kind at one byte budget (a table of `compare_at_budget`)."""
+    """Tail perplexity and passkey accuracy of every kind at one byte budget (a table of `compare_at_budget`).
+
+    The perplexity plotted is the scored tail's (`ppl_tail`: the last tokens, where every kind has evicted), the
+    one the chapter's tables print; the whole text's (`ppl`) would let a kind that reads most of it unevicted
+    look better than it is."""
     rows = table["rows"]
     names = [r["name"] + ("" if r["settable"] else "*") for r in rows]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("perplexity of held-out text (lower is better)",
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("perplexity of the scored tail (lower is better)",
                                                         f"passkey found ({table['trials']} trials)"))
     share = [f"{r['fraction']:.0%} of the bytes" for r in rows]
-    fig.add_trace(go.Bar(x=names, y=[round(r["ppl"], 2) for r in rows], name="perplexity", hovertext=share,
-                         text=[f"{r['ppl']:.2f}" for r in rows], textposition="outside"), 1, 1)
+    fig.add_trace(go.Bar(x=names, y=[round(r["ppl_tail"], 2) for r in rows], name="tail perplexity", hovertext=share,
+                         text=[f"{r['ppl_tail']:.2f}" for r in rows], textposition="outside"), 1, 1)
     fig.add_trace(go.Bar(x=names, y=[r["passkey"] for r in rows], name="passkey accuracy", hovertext=share,
                          text=[f"{r['passkey']:.0%}" for r in rows], textposition="outside"), 1, 2)
-    full = rows[0]["ppl"]
+    full = rows[0]["ppl_tail"]
     fig.add_hline(y=full, line=dict(color="grey", dash="dot"), row=1, col=1)
     fig.update_yaxes(range=[0, 1.15], row=1, col=2)
     fig.update_layout(title=f"Every kind at {table['fraction']:.0%} of the full cache's bytes at {table['length']:,} tokens "
