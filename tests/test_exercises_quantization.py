@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from labkit import exercises
+from tests.conftest import assert_checker_separates
 
 
 def q4_1_roundtrip(x):
@@ -177,3 +178,22 @@ def stored_plus_copy_for_nvfp4(kind, out_features, in_features):  # the codes co
 def test_step_bytes_fails_more_mistakes(wrong, capsys):
     assert not exercises.check_step_bytes(wrong)
     assert "[FAIL]" in capsys.readouterr().out
+
+
+def _rows(w, bits, *, qmax=None, absolute=True, rounded=True, guard=True):
+    q = qmax or 2 ** (bits - 1) - 1
+    scale = (w.abs() if absolute else w).amax(1, keepdim=True) / q
+    if guard:
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    x = w / scale
+    return (x.round() if rounded else x).clamp(-q, q).to(torch.int8), scale
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda w, b: _rows(w, b, qmax=2 ** b - 1),      # the unsigned count of codes: wraps, half the range
+    lambda w, b: _rows(w, b, absolute=False),        # the row's largest value, not its largest magnitude
+    lambda w, b: _rows(w, b, rounded=False),         # truncated toward zero
+    lambda w, b: _rows(w, b, guard=False),           # 0 / 0 on an all-zero row
+])
+def test_the_quantize_rows_checker_separates(wrong, capsys):
+    assert_checker_separates("check_quantize_rows", _rows, wrong, capsys)

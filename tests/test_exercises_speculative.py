@@ -106,46 +106,66 @@ def test_tokens_per_round(wrong, capsys):
     assert "[PASS]" in out and "[FAIL]" in out
 
 
-def right_break_even(alpha, t_rel):
+def right_break_even(alpha, t_rel, overhead):
     from labkit.speculative import expected_tokens
 
-    best = max((expected_tokens(alpha, k - 1) - t) / (k - 1) for k, t in t_rel.items())
+    best = max((expected_tokens(alpha, k - 1) - t - overhead) / (k - 1) for k, t in t_rel.items())
     return best if best > 0 else None
 
 
-def only_gamma_one(alpha, t_rel):
-    c = 1 + alpha - t_rel[2]
+def only_gamma_one(alpha, t_rel, overhead):
+    c = 1 + alpha - t_rel[2] - overhead
     return c if c > 0 else None
 
 
-def off_by_one(alpha, t_rel):  # charges T(gamma) for a pass over gamma + 1 tokens
+def off_by_one(alpha, t_rel, overhead):  # charges T(gamma) for a pass over gamma + 1 tokens
     from labkit.speculative import expected_tokens
 
-    best = max((expected_tokens(alpha, k) - t) / k for k, t in t_rel.items())
+    best = max((expected_tokens(alpha, k) - t - overhead) / k for k, t in t_rel.items())
     return best if best > 0 else None
 
 
-def zero_not_none(alpha, t_rel):
-    return right_break_even(alpha, t_rel) or 0.0
+def zero_not_none(alpha, t_rel, overhead):
+    return right_break_even(alpha, t_rel, overhead) or 0.0
 
 
-def undivided(alpha, t_rel):  # E - T is the saving of a whole round, not per drafted token
+def undivided(alpha, t_rel, overhead):  # E - T is the saving of a whole round, not per drafted token
     from labkit.speculative import expected_tokens
 
-    best = max(expected_tokens(alpha, k - 1) - t for k, t in t_rel.items())
+    best = max(expected_tokens(alpha, k - 1) - t - overhead for k, t in t_rel.items())
+    return best if best > 0 else None
+
+
+def no_loop(alpha, t_rel, overhead):  # the loop's own work left out (review 07-2)
+    return right_break_even(alpha, t_rel, 0.0)
+
+
+def loop_per_token(alpha, t_rel, overhead):  # the loop charged per drafted token, not once per round
+    from labkit.speculative import expected_tokens
+
+    best = max((expected_tokens(alpha, k - 1) - t) / (k - 1) - overhead for k, t in t_rel.items())
     return best if best > 0 else None
 
 
 @pytest.mark.parametrize("row", [{k: 1.0 + 0.05 * k for k in range(2, 10)},  # a flat-ish machine
                                  {2: 1.53, 3: 1.88, 4: 2.07, 5: 2.21, 6: 1.71, 7: 1.86, 8: 2.19, 9: 2.30}])
-@pytest.mark.parametrize("wrong", [only_gamma_one, off_by_one, zero_not_none, undivided])
+@pytest.mark.parametrize("wrong", [only_gamma_one, off_by_one, zero_not_none, undivided, no_loop, loop_per_token])
 def test_break_even_c_on_any_measured_row(row, wrong, capsys):
-    assert exercises.check_break_even_c(right_break_even, row)
-    assert not exercises.check_break_even_c(wrong, row)
+    assert exercises.check_break_even_c(right_break_even, row, 0.27)
+    assert not exercises.check_break_even_c(wrong, row, 0.27)
     out = capsys.readouterr().out
     assert "[PASS]" in out and "[FAIL]" in out
 
 
-def test_break_even_c_names_a_bad_row():
+def test_break_even_c_names_a_bad_row_or_overhead():
     with pytest.raises(ValueError, match="t_rel must be a measured row"):
         exercises.check_break_even_c(right_break_even, {1: 1.0})
+    with pytest.raises(ValueError, match="overhead must be a number >= 0"):
+        exercises.check_break_even_c(right_break_even, {2: 1.1}, -0.1)
+
+
+def test_the_loop_cost_decides_review_07_2():
+    """The review's case: int8, alpha 0.5, c 0.239, T(2)/T(1) 1.01, loop 0.268: without the loop the head pays, with it
+    it does not."""
+    row = {2: 1.01, 3: 1.3}
+    assert right_break_even(0.5, row, 0.0) > 0.239 > (right_break_even(0.5, row, 0.268) or 0.0)

@@ -167,7 +167,8 @@ def test_widgets_redraw_in_place_when_a_slider_moves():
 
 
 @pytest.mark.parametrize("name,solution,wrong", [
-    ("kv_bytes_per_token", lambda L, H, D, b: 2 * L * H * D * b, lambda L, H, D, b: L * H * D * b),
+    ("mixed_cache_bytes", lambda w, n, h, d, b: 2 * h * d * b * sum(n if x == 0 else min(n, x) for x in w),
+     lambda w, n, h, d, b: 2 * h * d * b * n * len(w)),  # every layer counted as global
     ("slot_mapping", lambda t, bs, p: t[p // bs] * bs + p % bs, lambda t, bs, p: t[p // bs] + p % bs),
     ("streaming_keep", None, lambda n, k, w, s: list(range(n))[-(w - k):]),
     ("asym_quantize", None, lambda x, b: x.round()),

@@ -63,26 +63,26 @@ STORED = {s.file: s for s in (
            "side in its own worker process, 6 fresh starts of 2 rounds (labkit.benchmarks.workers)", minutes=45),
     Stored("compiled_bench.json", "labkit bench --only compiled --json {out}",
            ("labkit/benchmarks/compiled.py", "labkit/benchmarks/step.py", "labkit/benchmarks/step_compiled.py",
-            "labkit/generation/profile.py", *PEERS, *MODEL, *TIMING), ("03a",),
+            "labkit/generation/profile.py", *PEERS, *MODEL, *TIMING), ("03a", "06"),
            "compile times in fresh processes; decode rates with each side in its own worker process, 6 fresh starts of 2 "
-           "rounds", minutes=45),
+           "rounds (each start compiles both formats from the disk cache)", minutes=78),
     Stored("kernel_bench.json", "labkit bench --only kernel --json {out}",
            ("labkit/benchmarks/kernel.py", "labkit/generation/profile.py", "labkit/benchmarks/speculative.py",
             "labkit/speculative", "labkit/generation/reply.py", *PEERS, *MODEL, *TIMING),
-           ("03a", "06", "07"),
+           ("03a", "06", "06a", "07"),
            "products and T(k) interleaved in one process; decode and prompt lookup with each side in its own worker "
            "process, 6 fresh starts of 2 rounds; AVX2 emulation against an AVX2-only llama.cpp when LABKIT_LLAMA_AVX2 "
            "names one", minutes=12),
     Stored("kv_compression.json", "python -m labkit.benchmarks.kv_compression --json {out}",
            ("labkit/benchmarks/kv_compression.py", "labkit/benchmarks/kvcache.py", "labkit/metrics",
             "labkit/generation/latency.py", "labkit/generation/compression.py", "labkit/generation/passkey.py",
-            "labkit/train/compare.py", *MODEL, *TIMING), ("04",),
+            "labkit/train/compare.py", *MODEL, *TIMING), ("04a",),
            "quality on fixed windows (deterministic); ITL timed in one process, every step kept", minutes=45),
     Stored("quant_quality.json", "labkit bench --only quality --json {out}",
-           ("labkit/benchmarks/quality.py", "labkit/metrics", *MODEL), ("06",),
+           ("labkit/benchmarks/quality.py", "labkit/metrics", *MODEL), ("06", "06a"),
            "quality on fixed windows of held-out text (deterministic, no timing)", minutes=35),
     Stored("gemma3_quality.json", "labkit bench --only gemma3_quality --json {out}",
-           ("labkit/benchmarks/gemma3_quality.py", "labkit/metrics", "labkit/tokenizer/spm.py", *MODEL), ("06",),
+           ("labkit/benchmarks/gemma3_quality.py", "labkit/metrics", "labkit/tokenizer/spm.py", *MODEL), ("06a",),
            "quality on fixed windows of held-out text (deterministic, no timing)", minutes=5),
     Stored("serving_spec.json", "python -m labkit.benchmarks.serving_spec --json {out}",
            ("labkit/benchmarks/serving_spec.py", *SERVING, *MODEL, *TIMING), ("09a",),
@@ -99,11 +99,7 @@ STORED = {s.file: s for s in (
 
 # stored files not yet re-made by today's code (no record yet), with why: `check` reports them, `make evidence` re-makes
 # them; a session that re-makes one takes it off this list (a fresh file still listed fails the check)
-PENDING = {
-    "compiled_bench.json": "not re-made yet: two formats compiled, then 6 fresh starts of 4 workers (2 compiled), about "
-                           "45 minutes of a quiet CPU on 2 cores; the session of 2026-12-06 (evening) spent its quiet "
-                           "time on quant_quality (35 min) and kv_compression (44 min) (make evidence)",
-}
+PENDING: dict = {}
 
 
 def _sha(path: Path) -> str:
@@ -240,15 +236,16 @@ def load(name: str) -> dict:
     return json.loads((ROOT / "data" / name).read_text())
 
 
-def made_by(name: str) -> str:
-    """One line on what made a stored file: the code (fresh or not), the command, the CPU and the peers' builds."""
+def made_by(name: str, builds: bool = True) -> str:
+    """One line on what made a stored file: the code (fresh or not), the command, the CPU and the peers' versions,
+    with their builds (llama.cpp's `system_info()`) unless `builds` is False."""
     from labkit.measure.cpu import describe
 
     report, (state, why) = load(name), status(name)
     rec = report.get("provenance") or {}
     code = ("made by today's code" if state == "fresh" else f"NOT made by today's code ({state}: {why})")
-    peers = "; ".join(f"{p['name']} {p['version']} ({p['system_info'].strip().rstrip('|').strip()})"
-                      for p in rec.get("peers", {}).values())
+    peers = "; ".join(f"{p['name']} {p['version']}" + (f" ({p['system_info'].strip().rstrip('|').strip()})" if builds
+                                                      else "") for p in rec.get("peers", {}).values())
     command = rec.get("command") or report.get("command") or "a command it does not record"
     cpu = rec.get("cpu") or report.get("cpu")  # never describe this machine in place of one the file omits
     return (f"data/{name}: {code}, `{command}`, on {describe(cpu) if cpu else 'a CPU it does not record'}"

@@ -1,20 +1,14 @@
-"""Exercises of chapter 04: the cache's size, the paged slot mapping, StreamingLLM's eviction, KIVI's rounding,
-what a compressed-attention layer's cache holds."""
+"""Exercises of chapter 04 (a cache of local and global layers, the paged slot mapping, StreamingLLM's eviction, KIVI's rounding) and
+of deep dive 04a (an H2O budget at equal bytes, what a compressed-attention layer's cache holds)."""
 from __future__ import annotations
 
 import torch
 
+from labkit.checks import is_int
 from labkit.exercises._core import check
 
-__all__ = ["check_kv_bytes_per_token", "check_slot_mapping", "check_streaming_keep", "check_asym_quantize",
-           "check_csa_layer_values", "check_csa_quarter"]
-
-
-def check_kv_bytes_per_token(fn) -> bool:
-    """Check `fn(n_layers, n_kv_heads, head_dim, bytes_per_value) -> bytes` one token adds to the cache."""
-    cases = [(40, 40, 128, 2), (32, 8, 128, 2), (30, 3, 64, 4), (80, 8, 128, 1), (16, 8, 64, 0.5)]
-    return check("kv_bytes_per_token", fn, lambda L, H, D, b: 2 * L * H * D * b, cases,
-                 hint="every layer stores one key AND one value vector per KV head: 2 · layers · kv_heads · head_dim · bytes")
+__all__ = ["check_mixed_cache_bytes", "check_slot_mapping", "check_streaming_keep", "check_asym_quantize",
+           "check_csa_layer_values", "check_csa_quarter", "check_h2o_budget"]
 
 
 def _slot(block_table, block_size, position):
@@ -115,3 +109,42 @@ def check_csa_quarter(fn) -> bool:
     return check("csa_quarter", fn, _csa_quarter, cases,
                  hint="compute the share at EVERY length up to the horizon and take one past the last length above a "
                       "quarter; the limit counts only an entry and an index key per block of tokens")
+
+
+def _h2o_budget(cfg, length, fraction):
+    from labkit.kvcache.sizing import equal_bytes_options
+
+    rows = equal_bytes_options(cfg, length, fraction)  # float32 keys and values, as the exercise states
+    return next(r for r in rows if r["name"] == "h2o")["options"]["budget"]
+
+
+def check_h2o_budget(fn) -> bool:
+    """Check `fn(cfg, length, fraction) -> budget`: the largest H2O budget (tokens kept per layer and KV head) whose
+    cache takes at most `fraction` of the full float32 cache's bytes at `length` tokens, each kept token storing
+    its float32 keys and values plus an int32 position and a float32 score per layer and KV head. Checked against
+    `labkit.kvcache.sizing.equal_bytes_options`, on model shapes and budgets the deep dive does not print."""
+    from labkit.model import ModelConfig
+
+    shapes = [ModelConfig.from_name(n) for n in ("smollm2-135m", "llama-3.2-1b", "llama-2-7b")]
+    cases = [(c, n, f) for c in shapes for n, f in ((2048, 0.25), (4096, 0.1), (3000, 0.2), (1500, 0.37))]
+    return check("h2o_budget", fn, _h2o_budget, cases,
+                 compare=lambda want, got: is_int(got) and got == want,
+                 hint="the target is fraction x length x (one token's float32 keys and values); each kept token "
+                      "costs those bytes plus 8 per layer and KV head; round down, and return an int")
+
+
+def _mixed_bytes(windows, context, n_kv_heads, head_dim, bytes_per_value):
+    held = sum(context if w == 0 else min(context, w) for w in windows)
+    return 2 * n_kv_heads * head_dim * bytes_per_value * held
+
+
+def check_mixed_cache_bytes(fn) -> bool:
+    """Check `fn(windows, context, n_kv_heads, head_dim, bytes_per_value) -> bytes` of the keys and values a cache
+    holds after `context` tokens, for a model whose layer i keeps the last `windows[i]` tokens (0: a global layer,
+    which keeps them all), as `ModelConfig.layer_windows` says: the tokens held, not what a cache preallocates."""
+    gemma = (512, 512, 512, 512, 512, 0) * 3  # Gemma 3 270M's pattern: 5 local layers of 512, then a global one
+    cases = [(gemma, 32_768, 1, 256, 4), (gemma, 300, 1, 256, 4), (gemma, 512, 1, 256, 2), ((0,) * 30, 2048, 3, 64, 4),
+             ((1024,) * 4, 4096, 8, 128, 2), ((4096, 0, 128), 1000, 2, 64, 1), ((0, 0), 1, 1, 1, 4)]
+    return check("mixed_cache_bytes", fn, _mixed_bytes, cases,
+                 hint="per layer: a global layer holds every token, a local one at most its window (and no more "
+                      "than the tokens seen); each held token costs a key and a value per KV head")

@@ -11,7 +11,7 @@ import torch
 
 from labkit.exercises._core import Verdict, check, run_steps
 
-__all__ = ["check_q4_1_roundtrip", "check_step_bytes"]
+__all__ = ["check_q4_1_roundtrip", "check_step_bytes", "check_quantize_rows"]
 
 BLOCK = 32
 
@@ -143,3 +143,62 @@ def check_step_bytes(fn) -> Verdict:
                  compare=lambda expected, got: isinstance(got, (int, float)) and abs(got - expected) < 0.5,
                  hint="build one such layer and look at the buffers its forward reads (their dtypes and shapes): "
                       "the format's storage is not always what the product touches")
+
+
+def check_quantize_rows(fn) -> Verdict:
+    """Check `fn(w, bits) -> (codes, scale)`: symmetric round-to-nearest with one scale per row of the 2-D
+    float tensor `w`: integer codes in -(2^(bits-1) - 1) .. 2^(bits-1) - 1 (an int8 tensor, the shape of `w`) and
+    a float scale per row (shape [rows, 1]), the row standing for codes · scale. Every row uses its full range
+    (its largest magnitude gets the largest code), every weight lies within half a step, an all-zero row comes
+    back as zero codes with a positive scale (no 0 / 0), and a row whose largest magnitude is negative is no different from its negation.
+    """
+    g = torch.Generator().manual_seed(64)
+    w = torch.randn(12, 64, generator=g)
+    w[3, 7] = -9.0  # a row whose largest magnitude is negative
+    w[5] = 0.0  # an all-zero row
+
+    def parts(f, x, bits):
+        codes, scale = f(x.clone(), bits)
+        codes, scale = torch.as_tensor(codes), torch.as_tensor(scale).float().reshape(-1, 1)
+        if codes.dtype.is_floating_point or tuple(codes.shape) != tuple(x.shape):
+            raise ValueError(f"codes must be integers shaped like w {tuple(x.shape)}, got {codes.dtype} "
+                             f"{tuple(codes.shape)}")
+        if scale.shape[0] != x.shape[0]:
+            raise ValueError(f"one scale per row ({x.shape[0]}), got {scale.numel()}")
+        return codes.long(), scale
+
+    def in_range(f, bits):
+        codes, _ = parts(f, w, bits)
+        q = 2 ** (bits - 1) - 1
+        return int(codes.abs().max()) <= q
+
+    def full_range(f, bits):
+        codes, _ = parts(f, w, bits)
+        q, live = 2 ** (bits - 1) - 1, w.abs().amax(1) > 0
+        return bool((codes.abs().amax(1)[live] == q).all())
+
+    def half_step(f, bits):
+        codes, scale = parts(f, w, bits)
+        y = codes.float() * scale
+        return bool(torch.isfinite(y).all()) and bool(((y - w).abs() <= scale / 2 + 1e-6).all())
+
+    def zero_row(f, bits):
+        codes, scale = parts(f, w, bits)
+        return bool(torch.isfinite(scale).all()) and float(scale[5]) > 0 and bool((codes[5] == 0).all())
+
+    def negation(f, bits):
+        (c1, s1), (c2, s2) = parts(f, w, bits), parts(f, -w, bits)
+        return bool(torch.allclose(c1.float() * s1, -(c2.float() * s2), atol=1e-6))
+
+    properties = [(f"{label} ({bits} bits)", lambda f, t=test, b=bits: t(f, b))
+                  for bits in (8, 4) for label, test in (
+                      ("every code within ±(2^(bits-1) - 1), the signed range with no wrap", in_range),
+                      ("each row's largest magnitude gets the largest code: the full range is used", full_range),
+                      ("every weight within half a step of codes · scale, all finite", half_step),
+                      ("an all-zero row gives zero codes and a positive, finite scale (0 / 0 is NaN, and NaN cast to an "
+                       "integer is undefined)", zero_row),
+                      ("negating w negates what the codes stand for (a row's largest value may be negative)",
+                       negation))]
+    return _run("quantize_rows", fn, properties,
+                hint="how many positive codes does a signed b-bit integer have for a symmetric grid? which value of "
+                     "a row sets its scale when its largest magnitude is negative? do you round or truncate? what is 0 / 0?")

@@ -149,26 +149,31 @@ def check_tokens_per_round(fn) -> Verdict:
                       "positions 1 .. i all pass, and that probability is a product")
 
 
-def _break_even_c(alpha, t_rel):
+def _break_even_c(alpha, t_rel, overhead):
     from labkit.speculative import expected_tokens
 
-    best = max((expected_tokens(alpha, k - 1) - t) / (k - 1) for k, t in t_rel.items() if k >= 2)
+    best = max((expected_tokens(alpha, k - 1) - t - overhead) / (k - 1) for k, t in t_rel.items() if k >= 2)
     return best if best > 0 else None
 
 
-def check_break_even_c(fn, t_rel: dict) -> Verdict:
-    """Check `fn(alpha, t_rel) -> c`: the largest draft cost (per drafted token, in units of T(1)) at which the
-    best γ still beats plain decoding, for acceptance α and a T(k)/T(1) row {k: ratio}; None where no γ pays
-    even with free drafts. Cases: the row measured on this machine (`t_rel`) and a few made-up rows."""
+def check_break_even_c(fn, t_rel: dict, overhead: float = 0.0) -> Verdict:
+    """Check `fn(alpha, t_rel, overhead) -> c`: the largest draft cost (per drafted token, in units of T(1)) at which
+    the best γ still beats plain decoding, for acceptance α, a T(k)/T(1) row {k: ratio} and the loop's own work per
+    round `overhead` (in units of T(1), `speculative.costs.round_overhead`); None where no γ pays even with free
+    drafts. Cases: the row and loop cost measured on this machine (`t_rel`, `overhead`) and a few made-up ones."""
     if not (isinstance(t_rel, dict) and t_rel and all(isinstance(k, int) and k >= 2 for k in t_rel)):
         raise ValueError(f"t_rel must be a measured row {{k: T(k)/T(1)}} with integer k >= 2, got {t_rel!r}"[:200])
+    if not (isinstance(overhead, (int, float)) and overhead >= 0):
+        raise ValueError(f"overhead must be a number >= 0 (a round's extra cost relative to T(1)), got {overhead!r}")
     measured = {k: float(v) for k, v in t_rel.items()}
     flat = {k: 1.0 for k in range(2, 10)}
     step = {k: 1.5 for k in range(2, 10)}  # every extra token costs the same: larger gammas amortise it
     linear = {k: float(k) for k in range(2, 10)}  # a pass over k tokens costs k steps: drafting never pays
     jump = {2: 1.0, 3: 1.05, 4: 1.1, 5: 2.0, 6: 2.05, 7: 2.1, 8: 2.2, 9: 3.0}  # a kernel working in blocks of 4
-    cases = [(a, measured) for a in (0.3, 0.5, 0.8, 0.95)]
-    cases += [(0.5, flat), (0.9, step), (0.95, linear), (0.0, flat), (0.8, jump), (0.97, jump)]
+    cases = [(a, measured, float(overhead)) for a in (0.3, 0.5, 0.8, 0.95)]
+    cases += [(a, measured, 0.0) for a in (0.5, 0.8)]
+    cases += [(0.5, flat, 0.0), (0.5, flat, 0.3), (0.9, step, 0.2), (0.95, linear, 0.0), (0.0, flat, 0.0),
+              (0.8, jump, 0.0), (0.97, jump, 0.5), (0.6, flat, 0.7)]
     return check("break_even_c", fn, _break_even_c, cases,
-                 hint="drafting pays while E(gamma) > gamma*c + T(gamma+1)/T(1); solve for c at each gamma the row "
-                      "allows (gamma = k - 1) and keep the best; None if even c = 0 does not pay")
+                 hint="drafting pays while E(gamma) > gamma*c + T(gamma+1)/T(1) + overhead; solve for c at each gamma "
+                      "the row allows (gamma = k - 1) and keep the best; None if even c = 0 does not pay")

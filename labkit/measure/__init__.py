@@ -15,6 +15,7 @@
 * `split` divides a profiled step into parts and says what the profiler added and missed.
 * `timer` and `Stopwatch` time one block, or a piece of work by parts (nothing left out).
 * `replicate` and `by_process`: a run over several fresh processes, compared by its process-level medians.
+* `rate_difference` and `wilson_interval`: intervals for counted rates (acceptance, success).
 * `cpu` records which CPU and instruction sets a figure was measured on.
 
 It sits at the bottom of the lab's layers (it imports no other labkit package), so the engine,
@@ -26,7 +27,9 @@ from labkit.measure.compare import VERDICTS, Comparison, compare, decide, family
 from labkit.measure.replicate import MIN_PROCESSES, at_level, by_process, compare_starts, replicate
 from labkit.measure.run import MIN_TICKS, Run, Timing, calibrate_loops, machine_state, run
 from labkit.measure.split import Split, split
+from labkit.measure.stats import rate_difference, wilson_interval
 
 __all__ = ["run", "Run", "Timing", "machine_state", "compare", "Comparison", "decide", "VERDICTS", "claim", "Claim",
            "CLAIM_VERDICTS", "split", "Split", "timer", "Timer", "Stopwatch", "now", "MIN_TICKS", "calibrate_loops", "family",
-           "replicate", "by_process", "at_level", "compare_starts", "MIN_PROCESSES"]
+           "replicate", "by_process", "at_level", "compare_starts", "MIN_PROCESSES", "rate_difference",
+           "wilson_interval"]

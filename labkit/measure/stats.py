@@ -36,7 +36,7 @@ from functools import lru_cache
 from labkit import checks
 
 __all__ = ["summary", "quantile", "median_interval", "quantile_interval", "shift_interval", "sign_test_rank", "median_difference_interval",
-           "median_se", "sign_test_p", "holm"]
+           "median_se", "sign_test_p", "holm", "wilson_interval", "rate_difference"]
 
 
 def quantile(sorted_xs: list[float], q: float) -> float:
@@ -211,3 +211,29 @@ def holm(p_values, alpha: float = 0.05) -> list[bool]:
             break
         out[i] = True
     return out
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval for a proportion `successes / n` (Wilson 1927): unlike p ± z·SE it stays inside
+    [0, 1] and keeps near its level at small n and at rates near 0 or 1."""
+    checks.integer("n", n, 1, why="trials")
+    checks.integer("successes", successes, 0, n, why="successes among the trials")
+    checks.number("confidence", confidence, 0, 1, low_open=True, high_open=True)
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def rate_difference(successes_a: int, n_a: int, successes_b: int, n_b: int,
+                    confidence: float = 0.95) -> tuple[float, float, float]:
+    """The difference of two independent proportions a − b with Newcombe's hybrid score interval (Newcombe 1998,
+    method 10: each rate's Wilson interval, combined): (difference, low, high)."""
+    pa, pb = successes_a / max(n_a, 1), successes_b / max(n_b, 1)
+    la, ua = wilson_interval(successes_a, n_a, confidence)
+    lb, ub = wilson_interval(successes_b, n_b, confidence)
+    d = pa - pb
+    return d, d - ((pa - la) ** 2 + (ub - pb) ** 2) ** 0.5, d + ((ua - pa) ** 2 + (pb - lb) ** 2) ** 0.5

@@ -1,4 +1,4 @@
-"""Figures of chapter 04's compression part: cache kinds at equal bytes, ITL against position, dense vs compressed attention.
+"""Figures of deep dive 04a (compressing the cache): cache kinds at equal bytes, ITL against position, dense vs compressed attention.
 
 Each takes the rows `labkit.generation.compression.compare_at_budget` and `labkit.train.compare.compare_models`
 return (or the same rows stored in `data/kv_compression.json`).
