@@ -69,7 +69,7 @@ STORED = {s.file: s for s in (
     Stored("kernel_bench.json", "labkit bench --only kernel --json {out}",
            ("labkit/benchmarks/kernel.py", "labkit/generation/profile.py", "labkit/benchmarks/speculative.py",
             "labkit/speculative", "labkit/generation/reply.py", *PEERS, *MODEL, *TIMING),
-           ("03a", "06", "06a", "07"),
+           ("03a", "06", "06a", "07a"),
            "products and T(k) interleaved in one process; decode and prompt lookup with each side in its own worker "
            "process, 6 fresh starts of 2 rounds; AVX2 emulation against an AVX2-only llama.cpp when LABKIT_LLAMA_AVX2 "
            "names one", minutes=12),

@@ -27,7 +27,7 @@ import numpy as np
 from labkit.costmodel.profiles import precision_for
 from labkit.costmodel.memlevels import memory_time, split_bytes
 
-__all__ = ["PhaseTime", "phase_time", "clock_scales"]
+__all__ = ["PhaseTime", "phase_time", "clock_scales", "allreduce_time"]
 
 
 @dataclass
@@ -62,6 +62,13 @@ def clock_scales(hw, core_mhz=None, mem_mhz=None) -> tuple:
     return f, m
 
 
+def allreduce_time(n, message_bytes, tp: int, link_gb_s: float, latency_us: float):
+    """Seconds for `n` ring all-reduces of `message_bytes` each over `tp` GPUs: a ring sends 2 (tp - 1) / tp of the
+    message over each GPU's link (reduce-scatter, then all-gather), and none takes less than the link's latency."""
+    ring = 2 * (tp - 1) / tp
+    return n * np.maximum(ring * message_bytes / (link_gb_s * 1e9), latency_us * 1e-6)
+
+
 def phase_time(work, hw, *, weight_bits=16, kv_bits=16, act_bits=16, compute_eff=None, mem_eff=None,
                core_mhz=None, mem_mhz=None, sram_kv_bytes: float = 0.0, tp: int = 1) -> PhaseTime:
     """Roofline time of `work` (a `labkit.costmodel.workload.Work`) on `hw` at one operating point."""
@@ -80,8 +87,7 @@ def phase_time(work, hw, *, weight_bits=16, kv_bits=16, act_bits=16, compute_eff
     tm_head = tm_lin * work.head_bytes / (work.weight_bytes + work.act_bytes)  # its share of the linear bytes
     tm_att = memory_time(parts["attention"], hw, me, m_scale)
     if work.n_allreduce:
-        ring = 2 * (tp - 1) / tp
-        t_comm = work.n_allreduce * np.maximum(ring * work.comm_bytes / (hw.link_bw_gbs * 1e9), hw.link_latency_us * 1e-6)
+        t_comm = allreduce_time(work.n_allreduce, work.comm_bytes, tp, hw.link_bw_gbs, hw.link_latency_us)
     else:
         t_comm = 0 * np.asarray(work.comm_bytes, dtype=float)
     time = (np.maximum(tc_body, tm_lin - tm_head) + np.maximum(tc_head, tm_head)
