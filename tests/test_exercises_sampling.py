@@ -252,3 +252,52 @@ def test_allowed_tokens_accepts_any_sequence_of_ids(capsys):
     assert labkit.exercises.check_allowed_tokens(as_tuple)
     assert not labkit.exercises.check_allowed_tokens(reversed_order)
     assert capsys.readouterr().out.count("[PASS]") == 2
+
+
+def _cutoff(logits, *, include_own=False, by_prob=False, zero=False):
+    p = logits.softmax(-1).double()
+    logp = p.log()
+    entropy = -(p * logp).nansum()
+    dist = (-logp - entropy).abs()
+    fav = int(p.argmax())
+    if by_prob:  # ranks by probability, as top-p does
+        before = p > p[fav]
+    else:
+        before = dist < dist[fav]
+    mass = float(p[before].sum() + (p[fav] if include_own else 0))
+    if not before.any():
+        return 0.0 if zero else None
+    return mass
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda lg: _cutoff(lg, include_own=True),   # the favourite's own mass counted
+    lambda lg: _cutoff(lg, by_prob=True),       # ranked by probability, not by typicality
+    lambda lg: _cutoff(lg, zero=True),          # 0 where nothing removes it
+])
+def test_the_typical_cutoff_checker_separates(wrong, capsys):
+    assert_checker_separates("check_typical_cutoff", _cutoff, wrong, capsys)
+
+
+def _spellings(text, vocab, *, greedy=False, prefix_ok=False, empty=1):
+    if greedy:  # longest match first: one spelling or none
+        i = 0
+        while i < len(text):
+            best = max((v for v in vocab if v and text.startswith(v, i)), key=len, default=None)
+            if best is None:
+                return 0
+            i += len(best)
+        return 1
+    ways = [empty] + [0] * len(text)
+    for end in range(1, len(text) + 1):
+        ways[end] = sum(ways[s] for s in range(end) if text[s:end] in vocab)
+    return max(ways) if prefix_ok else ways[-1]
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda t, v: _spellings(t, v, greedy=True),      # the tokenizer's one spelling
+    lambda t, v: _spellings(t, v, prefix_ok=True),   # a spelling of a prefix counted
+    lambda t, v: _spellings(t, v, empty=0),          # the empty prefix has no spelling: everything is 0
+])
+def test_the_spellings_checker_separates(wrong, capsys):
+    assert_checker_separates("check_count_spellings", _spellings, wrong, capsys)

@@ -1,5 +1,5 @@
-"""Chapter 05's constrained-decoding exercises: a state's allowed tokens (with end-of-sequence and dead ends
-pruned), and the probability a per-step mask gives each whole answer."""
+"""Deep dive 05a's constrained-decoding exercises: a state's allowed tokens (with end-of-sequence and dead ends
+pruned), the probability a per-step mask gives each whole answer, and how many token spellings a text has."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import torch
 from labkit.exercises._core import check
 from labkit.exercises.sampling import property_check
 
-__all__ = ["check_allowed_tokens", "check_masked_answer_probs"]
+__all__ = ["check_allowed_tokens", "check_masked_answer_probs", "check_count_spellings"]
 
 
 # ---- 1. the allowed-token index of one state ------------------------------------------------------
@@ -165,3 +165,26 @@ def check_masked_answer_probs(fn) -> bool:
     return property_check("masked_answer_probs", fn, _answer_cases(), _answers_property,
                           hint="at each step the mask renormalises the model's probabilities over the tokens that "
                                "still lead to some answer; the answer's probability is the product over its steps")
+
+
+# ---- 3. how many token sequences spell a text ------------------------------------------------------
+
+def _count_spellings(text, vocab):
+    ways = [1] + [0] * len(text)  # ways[i]: token sequences that spell text[:i]
+    pieces = set(vocab)
+    for end in range(1, len(text) + 1):
+        ways[end] = sum(ways[start] for start in range(end) if text[start:end] in pieces)
+    return ways[-1]
+
+
+def check_count_spellings(fn) -> bool:
+    """Check `fn(text, vocab) -> int`: how many sequences of tokens from `vocab` (a list of distinct byte strings)
+    spell the byte string `text` exactly, each token's bytes one after another."""
+    vocab = [b"C", b"a", b"n", b"b", b"e", b"r", b"Ca", b"an", b"Can", b"ber", b"berra", b"rra", b"nb", b"er", b"ra"]
+    cases = [(b"Canberra", vocab), (b"", vocab), (b"Ca", vocab), (b"x", vocab), (b"aaaa", [b"a", b"aa", b"aaa"]),
+             (b"abab", [b"a", b"b", b"ab", b"ba", b"aba", b"bab"]), (b"Sydney", [b"S", b"Syd", b"ney", b"y"]),
+             (b"banana", [b"b", b"a", b"n", b"an", b"ana", b"nan", b"banana"])]
+    return check("count_spellings", fn, _count_spellings, cases,
+                 hint="count the spellings of every prefix, shortest first: the prefix ending at i is a spelling of "
+                      "an earlier prefix followed by one token that covers the rest; the empty text has one "
+                      "spelling (no tokens), a text no tokens cover has none")

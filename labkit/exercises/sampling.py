@@ -14,7 +14,7 @@ import torch
 
 from labkit.exercises._core import Verdict, _short, run_steps
 
-__all__ = ["check_top_p", "check_flip_penalty"]
+__all__ = ["check_top_p", "check_flip_penalty", "check_typical_cutoff"]
 
 
 def property_check(name: str, fn: Callable, cases: list[tuple], prop: Callable, hint: str = "") -> Verdict:
@@ -147,3 +147,48 @@ def check_flip_penalty(fn) -> Verdict:
     return property_check("flip_penalty", fn, _flip_cases(), _flip_property,
                           hint="only two logits matter: the largest seen one and the largest unseen one; follow what "
                                "the penalty does to the seen one as the penalty grows, for each sign")
+
+
+# ---- 3. the largest typical_p that removes the favourite ------------------------------------------
+
+def _typical_cutoff(logits):
+    from labkit.sampling.processors import typical_filter
+
+    fav = int(torch.argmax(logits))
+    logp = logits.log_softmax(-1)
+    entropy = -(logp * logp.exp()).nansum()
+    order = torch.argsort((-logp - entropy).abs(), stable=True)
+    # removal is monotone in typical_p: the answer is one of the cumulative masses in typical order
+    for p in sorted(set(logits[order].softmax(-1).cumsum(-1).tolist()), reverse=True):
+        if 0 < p <= 1 and not torch.isfinite(typical_filter(logits[None], p)[0, fav]):
+            return p
+    return None
+
+
+def _cutoff_same(want, got) -> bool:
+    if want is None or got is None:
+        return want is None and got is None
+    try:
+        return math.isclose(float(want), float(got), rel_tol=1e-5, abs_tol=1e-7)
+    except (TypeError, ValueError):
+        return False
+
+
+def check_typical_cutoff(fn) -> Verdict:
+    """Check `fn(logits) -> float or None`: the largest `typical_p` at which typical-p filtering (section 4, as
+    `labkit.sampling.processors.typical_filter` applies it) removes the most likely token; None where no
+    typical_p in (0, 1] removes it."""
+    from labkit.exercises._core import check
+
+    gen = torch.Generator().manual_seed(11)
+    cases = [(torch.tensor([0.5, 0.3, 0.15, 0.05]).log(),),          # one token more typical than the favourite
+             (torch.tensor([0.6, 0.1, 0.1, 0.1, 0.1]).log(),),        # the favourite is the most typical: never
+             (torch.tensor([0.4, 0.35, 0.2, 0.05]).log(),),
+             (torch.tensor([0.25, 0.25, 0.25, 0.25]).log(),),         # all equally typical: the favourite stays
+             (torch.tensor([0.9, 0.1]).log(),),
+             (torch.tensor([3.0, 1.0, 1.0, 0.5, -1.0, float("-inf")]),),
+             *[(torch.randn(50, generator=gen) * s,) for s in (1.0, 2.5, 4.0)]]
+    return check("typical_cutoff", fn, _typical_cutoff, cases, compare=_cutoff_same,
+                 hint="typical-p keeps tokens in order of |surprisal - entropy| until their mass reaches "
+                      "typical_p, the crossing token included: the favourite goes only while the tokens more "
+                      "typical than it already hold typical_p")
