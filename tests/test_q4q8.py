@@ -24,8 +24,21 @@ def _x(m, k, g):
     x = torch.randn(m, k, generator=g) * 3
     if m > 1:
         x[1, :32] = 0.0  # an all-zero block: step 0
-        x[0, :32] = torch.tensor([127.0, -127.0, 63.5, -63.5] * 8)  # exact ties at 0.5: rounded away from zero
+        x[0, :32] = TIES  # exact ties at 0.5 (the block's step is 1): rounded away from zero
     return x
+
+
+# with the block's largest magnitude 127 the step is exactly 1, so each value is a tie; away from zero and half
+# to even disagree on every one (62.5 -> 63 or 62, 0.5 -> 1 or 0, 2.5 -> 3 or 2)
+TIES = torch.tensor([127.0, -127.0, 62.5, -62.5, 0.5, -0.5, 2.5, -2.5] * 4)
+
+
+def test_the_oracles_activations_round_halves_away_from_zero():
+    from labkit.quant import intdot
+
+    qa, dx, _ = intdot.quantize_activations(TIES[None])
+    assert float(dx.flatten()[0]) == 1.0
+    assert qa.flatten()[:8].tolist() == [127, -127, 63, -63, 1, -1, 3, -3]
 
 
 @pytest.mark.parametrize("n,k,m", SHAPES)
