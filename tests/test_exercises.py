@@ -69,3 +69,13 @@ def test_largest_model_checker_needs_both_limits(capsys):
     assert check_largest_model(lambda t, b, bw, mem: min(bw * 1e9 / t / b, mem * 1e9 / b))
     assert not check_largest_model(lambda t, b, bw, mem: bw * 1e9 / t / b)  # forgets that the model must fit
     assert not check_largest_model(lambda t, b, bw, mem: mem * 1e9 / b)  # forgets the speed
+
+
+def test_the_bound_with_the_cache_checker_needs_the_cache(capsys):
+    from labkit.exercises import check_decode_tokens_per_s_at
+
+    right = lambda n, b, kv, ctx, bw: bw * 1e9 / (n * b + ctx * kv)
+    assert check_decode_tokens_per_s_at(right)
+    assert not check_decode_tokens_per_s_at(lambda n, b, kv, ctx, bw: bw * 1e9 / (n * b))  # the cache left out
+    assert not check_decode_tokens_per_s_at(lambda n, b, kv, ctx, bw: bw * 1e9 / (n * b + kv))  # one token's KV
+    assert not check_decode_tokens_per_s_at(lambda n, b, kv, ctx, bw: bw * 1e9 / (n * b) - ctx * kv / 1e9)

@@ -1,9 +1,9 @@
-"""Exercises of chapter 00: the decode-speed estimate."""
+"""Exercises of chapter 00: the decode-speed estimate, read backwards, and with the KV cache read too."""
 from __future__ import annotations
 
 from labkit.exercises._core import check
 
-__all__ = ["check_decode_tokens_per_s", "check_largest_model"]
+__all__ = ["check_decode_tokens_per_s", "check_largest_model", "check_decode_tokens_per_s_at"]
 
 
 def _reference_tokens_per_s(n_params: float, bytes_per_weight: float, bandwidth_gb_s: float) -> float:
@@ -41,4 +41,25 @@ def check_largest_model(fn) -> bool:
         _reference_largest_model,
         cases,
         hint="two limits: the bandwidth must stream the model tokens_per_s times a second, and the model must fit in memory",
+    )
+
+
+def _reference_tokens_per_s_at(n_params: float, bytes_per_weight: float, kv_bytes_per_token: float, context: int,
+                               bandwidth_gb_s: float) -> float:
+    # A step at `context` cached tokens reads every weight and the keys and values of every cached token.
+    return bandwidth_gb_s * 1e9 / (n_params * bytes_per_weight + context * kv_bytes_per_token)
+
+
+def check_decode_tokens_per_s_at(fn) -> bool:
+    """Check `fn(n_params, bytes_per_weight, kv_bytes_per_token, context, bandwidth_gb_s) -> tokens/s`: the
+    bandwidth bound of a decode step that also reads the KV cache of `context` earlier tokens."""
+    cases = [(135e6, 4.0, 46080, 0, 10.0), (135e6, 4.0, 46080, 8192, 10.0), (135e6, 0.5625, 23040, 2048, 50.0),
+             (7e9, 2.0, 524288, 4096, 100.0), (8e9, 0.5, 131072, 128000, 120.0), (70e9, 2.0, 327680, 32768, 3350.0)]
+    return check(
+        "decode_tokens_per_s_at",
+        fn,
+        _reference_tokens_per_s_at,
+        cases,
+        hint="each step reads the weights once and the cached keys and values of every earlier token once: "
+             "tokens/s = bandwidth / (weight bytes + context * KV bytes per token)",
     )
