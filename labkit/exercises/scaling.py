@@ -75,14 +75,12 @@ def _close(want, got) -> bool:
 
 
 def _pool_sizes(workers, rate, prefill_s, reply_tokens, step_s, max_batch):
+    # Little's law: requests decoding at once = arrival rate x time each spends decoding (at a full batch)
+    decoding = rate * reply_tokens * step_s(max_batch)
     for p in range(1, workers):
-        d = workers - p
-        if rate * prefill_s / p >= 1:  # the prefill pool at or above full: its queue grows without end
-            continue
-        # Little's law: requests decoding at once = arrival rate x time each spends decoding (at a full batch)
-        decoding = rate * reply_tokens * step_s(max_batch)
-        if decoding < d * max_batch:
-            return p, d
+        # the prefill pool below full (at or above it its queue grows without end), the decode pool's slots enough
+        if rate * prefill_s / p < 1 and decoding < (workers - p) * max_batch:
+            return p, workers - p
     return None
 
 
