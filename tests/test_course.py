@@ -28,16 +28,26 @@ def test_it_counts_prose_printed_words_code_and_exercises():
               _code("x = 1\n\n\ny = 2\n", printed="three printed words\n", figure=True),
               _code("def f():\n    return " + "1 + " * 40 + "1\n", tags=["solution"])])
     counts = course.size(nb)
-    assert counts == {"prose": 13, "printed": 3, "code_lines": 4, "longest_cell": 2, "long_lines": 1, "exercises": 1,
+    assert counts == {"prose": 11, "printed": 3, "code_lines": 4, "longest_cell": 2, "long_lines": 1, "exercises": 1,
                       "objectives": True}
     assert course.misses(counts, "core") == ["1 code lines over 110 characters", "1 exercises < 3"]
+
+
+def test_a_word_is_a_run_of_letters_or_digits_and_html_tables_count():
+    html = {"output_type": "display_data", "data": {"text/html": "<table><tr><td>p99</td><td>1.25</td></tr></table>",
+                                                     "text/plain": "<Table>"}}
+    cell = _code("t", printed="| rate | 1.25× | · |\n")
+    cell["outputs"].append(html)
+    counts = course.size(_nb([_md("T(k) = 3.5 ms — k·γ"), cell]))
+    assert counts["prose"] == 7          # T, k, 3, 5, ms, and k·γ is two: k, γ
+    assert counts["printed"] == 3 + 3    # rate 1 25, then p99 1 25 from the table's cells (not the tags)
 
 
 def test_a_notebook_over_every_target_is_told_each_one():
     long_cell = "\n".join(f"x{i} = {i}" for i in range(course.MAX_CELL_LINES + 1))
     nb = _nb([_md("# Title\n" + "word " * 3600), _code(long_cell, printed="w " * 1300)])
     miss = course.misses(course.size(nb), "core")
-    assert miss == ["prose 3,602 words > 3,500", "printed 1,300 words > 1,200", "a code cell of 26 lines > 25",
+    assert miss == ["prose 3,601 words > 3,500", "printed 1,300 words > 1,200", "a code cell of 26 lines > 25",
                     "0 exercises < 3", "no objectives at the top"]
     assert course.misses(course.size(nb), "deep dive")[:1] == ["a code cell of 26 lines > 25"]  # its larger allowance
 

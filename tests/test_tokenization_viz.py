@@ -124,3 +124,16 @@ def test_exercise_checkers_accept_the_reference_and_reject_bugs(capsys):
     assert not exercises.check_encode_with_merges(lambda ids, merges: ids)  # never merges
     out = capsys.readouterr().out
     assert out.count("[PASS]") == 3 and out.count("[FAIL]") == 3
+
+
+def _leftmost_merge(ids, merges):  # merges the leftmost learned pair first: wrong when merges compete
+    ids = list(ids)
+    while True:
+        i = next((i for i in range(len(ids) - 1) if (ids[i], ids[i + 1]) in merges), None)
+        if i is None:
+            return ids
+        ids[i:i + 2] = [merges[(ids[i], ids[i + 1])]]
+
+
+def test_the_merge_checker_fails_the_leftmost_pair_first():
+    assert not exercises.check_encode_with_merges(_leftmost_merge)

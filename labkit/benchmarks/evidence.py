@@ -58,18 +58,18 @@ class Stored:
 STORED = {s.file: s for s in (
     Stored("step_bench.json", "labkit bench --only step --json {out}",
            ("labkit/benchmarks/step.py", "labkit/benchmarks/step_compiled.py", "labkit/generation/profile.py",
-            *PEERS, *MODEL, *TIMING), ("03a", "06"),
+            *PEERS, *MODEL, *TIMING), ("03a", "06b"),
            "every format in one process for calls, splits and T(k); decode rates of the eager formats and llama.cpp, each "
            "side in its own worker process, 6 fresh starts of 2 rounds (labkit.benchmarks.workers)", minutes=45),
     Stored("compiled_bench.json", "labkit bench --only compiled --json {out}",
            ("labkit/benchmarks/compiled.py", "labkit/benchmarks/step.py", "labkit/benchmarks/step_compiled.py",
-            "labkit/generation/profile.py", *PEERS, *MODEL, *TIMING), ("03a", "06"),
+            "labkit/generation/profile.py", *PEERS, *MODEL, *TIMING), ("03a", "06b"),
            "compile times in fresh processes; decode rates with each side in its own worker process, 6 fresh starts of 2 "
            "rounds (each start compiles both formats from the disk cache)", minutes=78),
     Stored("kernel_bench.json", "labkit bench --only kernel --json {out}",
            ("labkit/benchmarks/kernel.py", "labkit/generation/profile.py", "labkit/benchmarks/speculative.py",
             "labkit/speculative", "labkit/generation/reply.py", *PEERS, *MODEL, *TIMING),
-           ("03a", "06", "06a", "07a"),
+           ("03a", "06a", "06b", "07a"),
            "products and T(k) interleaved in one process; decode and prompt lookup with each side in its own worker "
            "process, 6 fresh starts of 2 rounds; AVX2 emulation against an AVX2-only llama.cpp when LABKIT_LLAMA_AVX2 "
            "names one", minutes=12),

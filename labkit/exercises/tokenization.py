@@ -65,7 +65,9 @@ def check_encode_with_merges(fn) -> bool:
     aaab = {(97, 97): 256, (97, 98): 257, (256, 257): 258}
     text = list("the cat in the hat".encode())
     learned = {(116, 104): 256, (256, 101): 257, (32, 257): 258, (97, 116): 259, (32, 104): 260, (260, 259): 261}
-    cases = [(list(b"aaabdaaabac"), aaab), (list(b"ab"), aaab), ([], aaab), (text, learned), (text, {}), (list(b"aaaa"), {(97, 97): 256, (256, 256): 257})]
+    cases = [(list(b"aaabdaaabac"), aaab), (list(b"ab"), aaab), ([], aaab), (text, learned), (text, {}), (list(b"aaaa"), {(97, 97): 256, (256, 256): 257}),
+             # merges that compete for the same byte: the earliest-learned wins wherever it stands
+             (list(b"abc"), {(98, 99): 256, (97, 98): 257}), (list(b"abcbcab"), {(98, 99): 256, (97, 98): 257})]
     return check(
         "encode_with_merges",
         fn,

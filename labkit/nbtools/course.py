@@ -7,8 +7,10 @@ number: `03a_compiled_step.ipynb`) sits beside its lesson with a larger allowanc
 
     python -m labkit.nbtools size notebooks/*.ipynb    # the table, and every target a notebook misses
 
-Counted: prose = whitespace-separated words of the markdown cells; printed = words of the code cells' text
-outputs (streams and text/plain results; figures and HTML are not words); code lines = non-blank source lines.
+Counted: a word is a run of letters, digits or underscores (`\\w+`: "1.25×" is two words, "·" or "|" none), so a
+table of numbers counts what a reader reads; prose = the words of the markdown cells; printed = the words of the code
+cells' outputs (streams, text/plain results, the text of HTML tables; a figure's text is not counted); code lines =
+non-blank source lines.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ __all__ = ["TARGETS", "MAX_CELL_LINES", "MAX_LINE", "MIN_EXERCISES", "kind_of", 
 
 TARGETS = {"core": {"prose": 3500, "printed": 1200}, "deep dive": {"prose": 4000, "printed": 1500}}
 MAX_CELL_LINES, MAX_LINE, MIN_EXERCISES = 25, 110, 3
+_WORD = re.compile(r"\w+")
 _OBJECTIVES = re.compile(r"^\s*(#+\s*|\*\*)\s*(learning objectives|objectives|after this (chapter|lesson|notebook))",
                          re.IGNORECASE | re.MULTILINE)
 
@@ -45,7 +48,11 @@ def _printed(cell: dict) -> str:
             parts.append(_text(out.get("text", "")))
         elif out.get("output_type") in ("execute_result", "display_data"):
             data = out.get("data", {})
-            if "text/plain" in data and not ({"text/html", "image/png", "application/vnd.plotly.v1+json"} & set(data)):
+            if {"image/png", "image/svg+xml", "application/vnd.plotly.v1+json"} & set(data):
+                continue
+            if "text/html" in data:
+                parts.append(re.sub(r"<[^>]*>", " ", _text(data["text/html"])))
+            elif "text/plain" in data:
                 parts.append(_text(data["text/plain"]))
     return "\n".join(parts)
 
@@ -63,8 +70,8 @@ def size(nb: dict | str | Path) -> dict:
     code = [c for c in cells if c["cell_type"] == "code"]
     lines = [[ln for ln in _text(c["source"]).splitlines() if ln.strip()] for c in code]
     return {
-        "prose": sum(len(m.split()) for m in markdown),
-        "printed": sum(len(_printed(c).split()) for c in code),
+        "prose": sum(len(_WORD.findall(m)) for m in markdown),
+        "printed": sum(len(_WORD.findall(_printed(c))) for c in code),
         "code_lines": sum(len(x) for x in lines),
         "longest_cell": max((len(x) for x in lines), default=0),
         "long_lines": sum(len(ln) > MAX_LINE for x in lines for ln in x),

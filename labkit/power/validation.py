@@ -61,36 +61,36 @@ class Check:
 
 _SHARED = dict(independent=False)
 TARGETS = {t.key: t for t in [
-    Target("13b_a100_prefill", "Llama-13B on A100: prefill of 512 tokens", 61.38, "ms", "llm-analysis example",
+    Target("13b_a100_prefill", "Llama-13B, A100: prefill 512 tokens", 61.38, "ms", "llm-analysis example",
            "batch 1, fp16, compute_eff 0.7, mem_eff 0.9 (the example's own efficiencies)", **_SHARED),
-    Target("13b_a100_decode", "Llama-13B on A100: one decode token", 14.38, "ms", "llm-analysis example", "same",
+    Target("13b_a100_decode", "Llama-13B, A100: one decode token", 14.38, "ms", "llm-analysis example", "same",
            **_SHARED),
-    Target("70b_h100_prefill", "Llama-2-70B TP2 on H100: prefill of 1024 tokens", 157.8, "ms", "SplitwiseSim profile",
+    Target("70b_h100_prefill", "Llama-2-70B TP2, H100: prefill 1024 tokens", 157.8, "ms", "SplitwiseSim profile",
            "batch 1, fp16, profile defaults (their efficiencies come from this data set)", **_SHARED),
-    Target("70b_h100_decode", "Llama-2-70B TP2 on H100: one decode token", 37.4, "ms", "SplitwiseSim profile", "same",
+    Target("70b_h100_decode", "Llama-2-70B TP2, H100: one decode token", 37.4, "ms", "SplitwiseSim profile", "same",
            **_SHARED),
-    Target("70b_a100_prefill", "Llama-2-70B TP2 on A100: prefill of 1024 tokens", 377.0, "ms", "SplitwiseSim profile",
+    Target("70b_a100_prefill", "Llama-2-70B TP2, A100: prefill 1024 tokens", 377.0, "ms", "SplitwiseSim profile",
            "batch 1, fp16, profile defaults (their efficiencies come from this data set)", **_SHARED),
-    Target("70b_a100_decode", "Llama-2-70B TP2 on A100: one decode token", 54.8, "ms", "SplitwiseSim profile", "same",
+    Target("70b_a100_decode", "Llama-2-70B TP2, A100: one decode token", 54.8, "ms", "SplitwiseSim profile", "same",
            **_SHARED),
     Target("70b_h100_cap_prefill", "H100 at a 70 % power cap: prefill slower by", 30.0, "%", "SplitwiseSim pcap SKU",
            "cap 490 W per GPU; the clock is lowered until the phase's power fits", **_SHARED),
     Target("70b_h100_cap_decode", "H100 at a 70 % power cap: decode time ratio", 1.00, "x", "SplitwiseSim pcap SKU", "same",
            **_SHARED),
-    Target("mlenergy_7b_a100", "Llama-2-7B-chat on A100, batch 1", 4.35, "J/token", "ML.ENERGY v1",
+    Target("mlenergy_7b_a100", "Llama-2-7B-chat, A100, batch 1", 4.35, "J/token", "ML.ENERGY v1",
            "mem_eff from the measured 44.5 tokens/s; prompt 512 (assumed), reply 420", **_SHARED),
-    Target("mlenergy_13b_a100", "Llama-2-13B-chat on A100, batch 1", 8.04, "J/token", "ML.ENERGY v1",
+    Target("mlenergy_13b_a100", "Llama-2-13B-chat, A100, batch 1", 8.04, "J/token", "ML.ENERGY v1",
            "mem_eff from the measured 30.0 tokens/s; prompt 512 (assumed), reply 379", **_SHARED),
-    Target("mlenergy_8b_h100_b64", "Llama-3.1-8B on H100, batch 64", 0.12, "J/token", "ML.ENERGY v3",
+    Target("mlenergy_8b_h100_b64", "Llama-3.1-8B, H100, batch 64", 0.12, "J/token", "ML.ENERGY v3",
            "profile defaults; prompt 512 (assumed), reply 717"),
-    Target("phone_7b_int4", "7B INT4 on a Snapdragon 8 Gen 3 phone: decode", 20.0, "tokens/s", "Qualcomm claim",
+    Target("phone_7b_int4", "7B INT4, Snapdragon 8 Gen 3 phone: decode", 20.0, "tokens/s", "Qualcomm claim",
            "Llama-2-7B, 4.5 bits per weight (group scales), the profile's mem_eff 0.6",
            known_gap="the claim is an 'up to' figure, the bandwidth bound; the profile's 60 % efficiency gives less"),
-    Target("gptfast_7b_bf16", "Llama-2-7B on A100, bf16, batch 1: decode", 104.9, "tokens/s", "gpt-fast README",
+    Target("gptfast_7b_bf16", "Llama-2-7B, A100, bf16, batch 1: decode", 104.9, "tokens/s", "gpt-fast README",
            "profile defaults, 16-bit weights"),
-    Target("gptfast_7b_int8", "Llama-2-7B on A100, int8, batch 1: decode", 155.6, "tokens/s", "gpt-fast README",
+    Target("gptfast_7b_int8", "Llama-2-7B, A100, int8, batch 1: decode", 155.6, "tokens/s", "gpt-fast README",
            "profile defaults, 8-bit weights"),
-    Target("gptfast_7b_int4", "Llama-2-7B on A100, int4 g32, batch 1: decode", 196.8, "tokens/s", "gpt-fast README",
+    Target("gptfast_7b_int4", "Llama-2-7B, A100, int4 g32, batch 1: decode", 196.8, "tokens/s", "gpt-fast README",
            "profile defaults, 5 bits per weight (4 + a 16-bit scale and zero per 32)",
            known_gap="the model charges bytes only; dequantizing int4 costs the kernel bandwidth (gpt-fast reached "
                      "863 GB/s at int4 against 1397 GB/s at bf16)"),
@@ -129,13 +129,19 @@ def run_validation() -> list[Check]:
 
 
 def validation_table(checks: list[Check] | None = None) -> str:
-    """A text table: target, model, error, within tolerance."""
+    """A text table: target, model, error, within tolerance; the rows that share inputs with the profiles (a
+    consistency check) first, then the independent ones (the test), each under its source; then the known gaps."""
     checks = run_validation() if checks is None else checks
-    rows = [f"{'what':52s} {'source':22s} {'target':>9s} {'model':>9s} {'unit':9s} {'error':>7s}  ok   test"]
-    for c in checks:
-        rows.append(f"{c.target.label:52.52s} {c.target.source:22.22s} {c.target.value:9.3g} {c.model:9.3g} "
-                    f"{c.target.unit:9s} {c.error:+7.0%}  {'yes' if c.ok else 'NO ':3s}  "
-                    f"{'independent' if c.target.independent else 'shares inputs'}")
-    gaps = [c for c in checks if c.target.known_gap]
-    rows += [f"  {c.target.label}: {c.target.known_gap}" for c in gaps]
+    rows = [f"{'what':52s} {'target':>7s} {'model':>7s} {'unit':9s} {'error':>6s}  ok"]
+    for independent, heading in ((False, "shares inputs with the profiles (consistency)"),
+                                 (True, "independent (the test)")):
+        group = [c for c in checks if c.target.independent == independent]
+        if group:
+            rows.append(heading)
+        for i, c in enumerate(group):
+            if i == 0 or group[i - 1].target.source != c.target.source:
+                rows.append(f" {c.target.source}")
+            rows.append(f"   {c.target.label:49.49s} {c.target.value:7.3g} {c.model:7.3g} {c.target.unit:9s} "
+                        f"{c.error:+6.0%}  {'yes' if c.ok else 'NO'}")
+    rows += [f"  {c.target.source}: {c.target.known_gap}" for c in checks if c.target.known_gap]
     return "\n".join(rows)
