@@ -59,8 +59,14 @@ def test_non_callable_is_a_type_error():
 def test_welcome_checker_catches_a_wrong_formula(capsys):
     from labkit.exercises import check_decode_tokens_per_s
 
-    assert check_decode_tokens_per_s(lambda n, b, bw: bw * 1e9 / (n * b))
-    assert not check_decode_tokens_per_s(lambda n, b, bw: bw / (n * b))
+    def right(n, bits, group, bw):
+        return bw * 1e9 / (n * (bits + (16 / group if group else 0)) / 8)
+
+    assert check_decode_tokens_per_s(right)
+    assert not check_decode_tokens_per_s(lambda n, bits, group, bw: bw * 1e9 / (n * bits / 8))  # no scales
+    assert not check_decode_tokens_per_s(lambda n, bits, group, bw: bw * 1e9 / (n * bits))      # bits as bytes
+    assert not check_decode_tokens_per_s(                                                      # a scale per weight
+        lambda n, bits, group, bw: bw * 1e9 / (n * (bits + (16 if group else 0)) / 8))
 
 
 def test_largest_model_checker_needs_both_limits(capsys):

@@ -75,3 +75,17 @@ def test_checkers_pass_the_reference_and_catch_the_classic_mistakes(capsys):
     assert not labkit.exercises.check_param_count(lambda c: c.n_params() + (c.vocab_size * c.d_model if c.tie_embeddings else 0))
     out = capsys.readouterr().out
     assert out.count("[PASS]") == 4 and out.count("[FAIL]") == 4
+
+
+def test_the_half_rope_and_window_checkers_catch_the_layout_and_the_off_by_one(capsys):
+    from labkit.exercises.transformer import _reference_rope_half, _reference_window
+
+    assert labkit.exercises.check_rope_half(_reference_rope_half)
+    assert not labkit.exercises.check_rope_half(_reference_rope)           # the interleaved pairs
+    assert not labkit.exercises.check_rope_half(                           # angles from i / d, not 2i / d
+        lambda x, p, b: _reference_rope_half(x, p, b ** 0.5))
+    assert labkit.exercises.check_window_attention(_reference_window)
+    assert not labkit.exercises.check_window_attention(lambda q, k, v, w: _reference_window(q, k, v, w + 1))  # one more
+    assert not labkit.exercises.check_window_attention(lambda q, k, v, w: _reference_gqa(q, k, v))  # causal only
+    out = capsys.readouterr().out
+    assert out.count("[PASS]") == 2 and out.count("[FAIL]") == 4

@@ -200,5 +200,5 @@ def check_quantize_rows(fn) -> Verdict:
                       ("negating w negates what the codes stand for (a row's largest value may be negative)",
                        negation))]
     return _run("quantize_rows", fn, properties,
-                hint="how many positive codes does a signed b-bit integer have for a symmetric grid? which value of "
-                     "a row sets its scale when its largest magnitude is negative? do you round or truncate? what is 0 / 0?")
+                hint="the property above says what the codes must satisfy: find the line of your function that "
+                     "breaks it, fix that one, and run the checker again")

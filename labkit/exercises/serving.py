@@ -143,7 +143,7 @@ def _reference_spec_keep(alphas: list[float], drafted: list[int], rows: int, rid
 
     from labkit.serving.engine.budget import LoadAware
 
-    budget = LoadAware(cost=lambda r: pass_cost(sum(n for _, n in r)), gamma_max=15)
+    budget = LoadAware(cost=lambda r: pass_cost(sum(n for _, n in r)), gamma_max=8)  # the statement's cap
     budget.observe(SimpleNamespace(id=-1), 1, 1)  # something verified: no probe
     budget.recent.update({i: a for i, a in enumerate(alphas)})
     reqs = [(SimpleNamespace(id=i), m) for i, m in enumerate(drafted)]

@@ -1,4 +1,5 @@
-"""Exercises of chapter 02: RMSNorm, RoPE, grouped-query causal attention, the parameter count."""
+"""Exercises of chapter 02: RMSNorm, RoPE (both layouts), grouped-query causal attention (with a sliding window),
+the parameter count."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +8,8 @@ from labkit.model.config import ModelConfig
 from labkit.exercises._core import check
 from labkit.model.rope import angles, apply_rope
 
-__all__ = ["check_rms_norm", "check_rope", "check_gqa_attention", "check_param_count"]
+__all__ = ["check_rms_norm", "check_rope", "check_rope_half", "check_gqa_attention", "check_window_attention",
+           "check_param_count"]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -51,6 +53,26 @@ def check_rope(fn) -> bool:
                       "for the pairs (x[0], x[1]), (x[2], x[3]), ...")
 
 
+def _reference_rope_half(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    theta = angles(positions, x.shape[-1], base)
+    return apply_rope(x, theta.cos().to(x.dtype), theta.sin().to(x.dtype), "half")
+
+
+def check_rope_half(fn) -> bool:
+    """Check `fn(x [T, d], positions [T], base) -> [T, d]`, half layout (Hugging Face checkpoints, Gemma 3's file):
+    pair (x[i], x[i + d/2]) at position m is rotated by m · base^(-2i/d)."""
+    g = _gen(3)
+    cases = [
+        (torch.tensor([[1.0, 0.0]], dtype=torch.float64), torch.tensor([1]), 10000.0),
+        (torch.randn(3, 4, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2]), 10000.0),
+        (torch.randn(5, 8, generator=g, dtype=torch.float64), torch.tensor([7, 3, 100, 0, 42]), 100000.0),
+        (torch.randn(2, 16, generator=g, dtype=torch.float64), torch.tensor([5, 1000]), 1e6),
+    ]
+    return check("rope_half", fn, _reference_rope_half, cases,
+                 hint="the angles are the interleaved layout's (theta_i = base ** (-2 i / d), angle = m * theta_i); "
+                      "only the pairs change: (x[i], x[i + d/2]) for i < d/2, and the result keeps that order")
+
+
 def _reference_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     g = q.shape[0] // k.shape[0]
     k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
@@ -70,6 +92,30 @@ def check_gqa_attention(fn) -> bool:
     return check("gqa_attention", fn, _reference_gqa, cases,
                  hint="repeat each KV head n_heads / n_kv_heads times *consecutively* (repeat_interleave, not repeat), "
                       "scale by 1/sqrt(d), mask keys after the query with -inf, softmax over keys")
+
+
+def _reference_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    g = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
+    T = q.shape[1]
+    pos = torch.arange(T)
+    seen = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)  # [query, key]
+    scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~seen, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def check_window_attention(fn) -> bool:
+    """Check `fn(q [n_heads, T, d], k [n_kv_heads, T, d], v [n_kv_heads, T, d], window) -> [n_heads, T, d]`:
+    grouped-query causal attention in which query t reads only keys t - window + 1 ... t (the last `window`
+    positions, itself included), as a sliding layer of Gemma 3 does."""
+    g = _gen(4)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    cases = [(r(1, 5, 4), r(1, 5, 4), r(1, 5, 4), 2), (r(4, 6, 8), r(2, 6, 8), r(2, 6, 8), 3),
+             (r(6, 7, 8), r(2, 7, 8), r(2, 7, 8), 1), (r(2, 4, 8), r(1, 4, 8), r(1, 4, 8), 10),
+             (r(3, 9, 16), r(3, 9, 16), r(3, 9, 16), 4)]
+    return check("window_attention", fn, _reference_window, cases,
+                 hint="start from the causal mask and also hide every key more than window - 1 positions before the "
+                      "query (window 1: each query sees only itself); group the KV heads as in exercise 3's statement")
 
 
 def _reference_param_count(config: ModelConfig) -> int:

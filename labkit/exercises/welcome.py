@@ -6,20 +6,24 @@ from labkit.exercises._core import check
 __all__ = ["check_decode_tokens_per_s", "check_largest_model", "check_decode_tokens_per_s_at"]
 
 
-def _reference_tokens_per_s(n_params: float, bytes_per_weight: float, bandwidth_gb_s: float) -> float:
-    # Each decode step reads every weight once: time = bytes / bandwidth.
-    return bandwidth_gb_s * 1e9 / (n_params * bytes_per_weight)
+def _reference_tokens_per_s(n_params: float, bits: float, group_size, bandwidth_gb_s: float) -> float:
+    # Each decode step reads every weight once: its code, and its share of its group's 16-bit scale.
+    bits_per_weight = bits + (16 / group_size if group_size else 0)
+    return bandwidth_gb_s * 1e9 / (n_params * bits_per_weight / 8)
 
 
 def check_decode_tokens_per_s(fn) -> bool:
-    """Check `fn(n_params, bytes_per_weight, bandwidth_gb_s) -> tokens/s` (the bandwidth bound)."""
-    cases = [(135e6, 4.0, 10.0), (135e6, 0.5625, 10.0), (7e9, 2.0, 100.0), (7e9, 0.5, 51.2), (70e9, 2.0, 3350.0)]
+    """Check `fn(n_params, bits, group_size, bandwidth_gb_s) -> tokens/s`: the bandwidth bound of batch-1 decode
+    for weights stored as `bits`-bit codes with one 16-bit scale per `group_size` weights (None: no scales)."""
+    cases = [(135e6, 32, None, 10.0), (135e6, 16, None, 10.0), (7e9, 4, 32, 51.2), (7e9, 8, 32, 100.0),
+             (70e9, 16, None, 3350.0), (135e6, 4, 64, 10.0), (8e9, 4, 128, 120.0)]
     return check(
         "decode_tokens_per_s",
         fn,
         _reference_tokens_per_s,
         cases,
-        hint="a decode step reads every weight once; tokens/s = bandwidth (bytes/s) / bytes of weights",
+        hint="a decode step reads every weight once; a weight costs its bits plus 16 / group_size bits of its "
+             "group's scale; divide by 8 for bytes; tokens/s = bandwidth (bytes/s) / bytes of weights",
     )
 
 
