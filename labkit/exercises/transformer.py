@@ -34,9 +34,13 @@ def check_rms_norm(fn) -> bool:
                       "add eps inside the root, then multiply by weight")
 
 
-def _reference_rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+def _rope(x: torch.Tensor, positions: torch.Tensor, base: float, layout: str) -> torch.Tensor:
     theta = angles(positions, x.shape[-1], base)
-    return apply_rope(x, theta.cos().to(x.dtype), theta.sin().to(x.dtype), "interleaved")
+    return apply_rope(x, theta.cos().to(x.dtype), theta.sin().to(x.dtype), layout)
+
+
+def _reference_rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    return _rope(x, positions, base, "interleaved")
 
 
 def check_rope(fn) -> bool:
@@ -54,8 +58,7 @@ def check_rope(fn) -> bool:
 
 
 def _reference_rope_half(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
-    theta = angles(positions, x.shape[-1], base)
-    return apply_rope(x, theta.cos().to(x.dtype), theta.sin().to(x.dtype), "half")
+    return _rope(x, positions, base, "half")
 
 
 def check_rope_half(fn) -> bool:
@@ -74,12 +77,7 @@ def check_rope_half(fn) -> bool:
 
 
 def _reference_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    g = q.shape[0] // k.shape[0]
-    k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
-    T = q.shape[1]
-    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-    return scores.softmax(-1) @ v
+    return _reference_window(q, k, v, q.shape[1])  # a window as long as the sequence: plain causal attention
 
 
 def check_gqa_attention(fn) -> bool:
