@@ -44,7 +44,16 @@ def verify_replacing_from_the_last_rejection(p, q, draft, gen):  # keeps going; 
     return n, nxt
 
 
+def verify_one_uniform_per_round(p, q, draft, gen):  # one u for every position: the tests are coupled
+    u = float(torch.rand((), generator=gen))
+    for i, x in enumerate(draft.tolist()):
+        if not u < min(1.0, float(p[i, x] / q[i, x])):
+            return i, int(torch.multinomial(residual(p[i], q[i]), 1, generator=gen))
+    return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=gen))
+
+
 WRONG_VERIFY = {
+    "one uniform draw for the whole round": verify_one_uniform_per_round,
     "does not stop at the first rejection (counts every pass)": verify_counting_every_pass,
     "does not stop at the first rejection (the last rejection's replacement)": verify_replacing_from_the_last_rejection,
     "residual without the clamp": lambda p, q, d, g: verify(p, q, d, g, replacement=lambda p, q: (p - q) / (p - q).sum()),

@@ -169,7 +169,6 @@ def test_widgets_redraw_in_place_when_a_slider_moves():
 @pytest.mark.parametrize("name,solution,wrong", [
     ("mixed_cache_bytes", lambda w, n, h, d, b: 2 * h * d * b * sum(n if x == 0 else min(n, x) for x in w),
      lambda w, n, h, d, b: 2 * h * d * b * n * len(w)),  # every layer counted as global
-    ("slot_mapping", lambda t, bs, p: t[p // bs] * bs + p % bs, lambda t, bs, p: t[p // bs] + p % bs),
     ("streaming_keep", None, lambda n, k, w, s: list(range(n))[-(w - k):]),
     ("asym_quantize", None, lambda x, b: x.round()),
     ("csa_layer_values", lambda n, b, w, kv, ix: min(n, w - 1) * 2 * kv + n // b * (kv + ix) + n % b * (2 * kv + ix),

@@ -137,3 +137,43 @@ def _leftmost_merge(ids, merges):  # merges the leftmost learned pair first: wro
 
 def test_the_merge_checker_fails_the_leftmost_pair_first():
     assert not exercises.check_encode_with_merges(_leftmost_merge)
+
+
+def _most_frequent_merge(ids, merges):  # the training rule (most frequent pair, ties by lowest id), not encoding's
+    from collections import Counter
+
+    ids = list(ids)
+    while True:
+        counts = Counter(p for p in zip(ids, ids[1:]) if p in merges)
+        if not counts:
+            return ids
+        pair = max(counts, key=lambda p: (counts[p], -merges[p]))
+        out, i = [], 0
+        while i < len(ids):
+            if i < len(ids) - 1 and (ids[i], ids[i + 1]) == pair:
+                out.append(merges[pair])
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        ids = out
+
+
+def _merges_in_dict_order(ids, merges):  # one sweep per merge, in the dict's order: right only when it is id order
+    ids = list(ids)
+    for pair, new in merges.items():
+        out, i = [], 0
+        while i < len(ids):
+            if i < len(ids) - 1 and (ids[i], ids[i + 1]) == pair:
+                out.append(new)
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        ids = out
+    return ids
+
+
+@pytest.mark.parametrize("wrong", [_most_frequent_merge, _merges_in_dict_order])
+def test_the_merge_checker_fails_the_training_rule_and_the_dict_order(wrong):
+    assert not exercises.check_encode_with_merges(wrong)

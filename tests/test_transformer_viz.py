@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.exercises.transformer import _reference_gqa, _reference_rms_norm, _reference_rope
+from labkit.exercises.transformer import _reference_gqa, _reference_rope
 from labkit.model import ModelConfig
 from labkit.viz.transformer import attention_heatmap, rope_figure, rope_scores
 
@@ -57,24 +57,33 @@ def test_attention_heatmap_and_widgets():
         "smollm2-135m: 134.5 M")
 
 
+def _gqa(q, k, v, *, tile=torch.repeat_interleave, scale=lambda d: d ** 0.5, diagonal=0):
+    g = q.shape[0] // k.shape[0]
+    k, v = tile(k, g, 0), tile(v, g, 0)
+    T = q.shape[1]
+    seen = torch.ones(T, T, dtype=torch.bool).tril(diagonal)
+    return (q @ k.transpose(-1, -2) / scale(q.shape[-1])).masked_fill(~seen, float("-inf")).softmax(-1) @ v
+
+
+def _tile_whole(x, g, dim):  # head h reads KV head h % n_kv: repeat, not repeat_interleave
+    return x.repeat(g, 1, 1)
+
+
+# chapter 02's debug exercise: each of its three bugs alone
+GQA_BUGS = {"repeat, not repeat_interleave": dict(tile=_tile_whole),
+            "scores over d, not its root": dict(scale=lambda d: d),
+            "a query sees the next key": dict(diagonal=1)}
+
+
 def test_checkers_pass_the_reference_and_catch_the_classic_mistakes(capsys):
-    assert labkit.exercises.check_rms_norm(_reference_rms_norm)
-    assert not labkit.exercises.check_rms_norm(lambda x, w, eps: (x - x.mean(-1, keepdim=True)) /
-                                               torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps) * w)  # LayerNorm
-    assert labkit.exercises.check_rope(_reference_rope)
-    half = lambda x, p, b: _reference_rope(x.view(*x.shape[:-1], 2, -1).transpose(-1, -2).flatten(-2), p, b)  # noqa: E731
-    assert not labkit.exercises.check_rope(half)
     assert labkit.exercises.check_gqa_attention(_reference_gqa)
-
-    def wrong_group(q, k, v):  # head h reads KV head h % n_kv
-        g = q.shape[0] // k.shape[0]
-        return _reference_gqa(q, k.repeat(g, 1, 1), v.repeat(g, 1, 1))
-
-    assert not labkit.exercises.check_gqa_attention(wrong_group)
+    assert labkit.exercises.check_gqa_attention(_gqa)
+    for bug in GQA_BUGS.values():
+        assert not labkit.exercises.check_gqa_attention(lambda q, k, v, bug=bug: _gqa(q, k, v, **bug))
     assert labkit.exercises.check_param_count(lambda c: c.n_params())
     assert not labkit.exercises.check_param_count(lambda c: c.n_params() + (c.vocab_size * c.d_model if c.tie_embeddings else 0))
     out = capsys.readouterr().out
-    assert out.count("[PASS]") == 4 and out.count("[FAIL]") == 4
+    assert out.count("[PASS]") == 3 and out.count("[FAIL]") == 4
 
 
 def test_the_half_rope_and_window_checkers_catch_the_layout_and_the_off_by_one(capsys):

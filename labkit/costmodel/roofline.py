@@ -41,6 +41,7 @@ class PhaseTime:
     flops: np.ndarray
     level_bytes: dict       # {"onchip", "dram", "offload"} -> bytes
     spill: np.ndarray       # bytes that did not fit in DRAM
+    parts: dict = None      # {"linear", "attention"} -> (compute time, memory time): the roofline takes each part's max
 
     @property
     def bound(self):
@@ -94,4 +95,5 @@ def phase_time(work, hw, *, weight_bits=16, kv_bits=16, act_bits=16, compute_eff
             + np.maximum(tc_att, tm_att) + t_comm)
     levels = {k: parts["linear"][k] + parts["attention"][k] for k in ("onchip", "dram", "offload")}
     return PhaseTime(time=time, t_compute=tc_lin + tc_att, t_memory=tm_lin + tm_att, t_comm=t_comm,
-                     flops=work.flops, level_bytes=levels, spill=parts["spill"])
+                     flops=work.flops, level_bytes=levels, spill=parts["spill"],
+                     parts={"linear": (tc_lin, tm_lin), "attention": (tc_att, tm_att)})

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from labkit import checks
 from labkit.costmodel.estimator import check_settings, estimate
 from labkit.costmodel.profiles import hardware
@@ -190,7 +192,9 @@ def parallel_plan(config, hw, n_gpus: int = 8, tp: int = 8, batch: int = 64, pro
         weight_gb_per_gpu (all weights / tp), kv_gb_per_gpu (the replica's KV at the end of the reply, split over
         its KV heads: tp GPUs, or one head each when tp > n_kv_heads), mem_per_gpu_gb (their sum), fits
         (mem_per_gpu_gb <= the profile's mem_gb), allreduce_s (all-reduce time per decode step, from the
-        estimate's breakdown), allreduce_share (its share of itl_s), bound (the decode step's).
+        estimate's breakdown), allreduce_share (its share of itl_s), bound (the decode step's, comparing the summed
+        compute and memory times: a label for the whole step), decode_parts ({"linear", "attention"} -> (compute s,
+        memory s) of the mean decode step: the roofline bounds each part on its own).
     settings: estimate's kv_bits, act_bits, compute_eff, mem_eff, ...
     """
     hw = hardware(hw)
@@ -226,6 +230,8 @@ def parallel_plan(config, hw, n_gpus: int = 8, tp: int = 8, batch: int = 64, pro
         "weight_gb_per_gpu": weight_gb, "kv_gb_per_gpu": kv_gb, "mem_per_gpu_gb": weight_gb + kv_gb,
         "fits": weight_gb + kv_gb <= hw.mem_gb,
         "allreduce_s": allreduce_s, "allreduce_share": allreduce_s / est.itl_s, "bound": est.bound["decode"],
+        # the mean decode step's parts, each (compute s, memory s): the roofline takes each part's larger one
+        "decode_parts": {k: (float(np.mean(c)), float(np.mean(m))) for k, (c, m) in est.decode.parts.items()},
     }
 
 

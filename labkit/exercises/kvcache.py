@@ -1,4 +1,4 @@
-"""Exercises of chapter 04 (a cache of local and global layers, the paged slot mapping, StreamingLLM's eviction, KIVI's rounding) and
+"""Exercises of chapter 04 (a cache of local and global layers, StreamingLLM's eviction, KIVI's rounding) and
 of deep dive 04a (an H2O budget at equal bytes, what a compressed-attention layer's cache holds)."""
 from __future__ import annotations
 
@@ -7,20 +7,8 @@ import torch
 from labkit.checks import is_int
 from labkit.exercises._core import check
 
-__all__ = ["check_mixed_cache_bytes", "check_slot_mapping", "check_streaming_keep", "check_asym_quantize",
+__all__ = ["check_mixed_cache_bytes", "check_streaming_keep", "check_asym_quantize",
            "check_csa_layer_values", "check_csa_quarter", "check_h2o_budget"]
-
-
-def _slot(block_table, block_size, position):
-    return block_table[position // block_size] * block_size + position % block_size
-
-
-def check_slot_mapping(fn) -> bool:
-    """Check `fn(block_table, block_size, position) -> physical slot` of a token in a paged cache."""
-    cases = [([7, 2, 9], 4, 0), ([7, 2, 9], 4, 5), ([7, 2, 9], 4, 11), ([3], 16, 15), ([0, 5, 1, 4], 1, 2), ([4, 0], 8, 8)]
-    return check("slot_mapping", fn, _slot, cases,
-                 hint="the token's logical block is position // block_size; look it up in the block table, "
-                      "then add the offset position % block_size inside that physical block")
 
 
 def _keep(n_cached, n_new, window, sinks):

@@ -102,7 +102,24 @@ def check_verify_draft(fn, trials: int = 4000) -> Verdict:
             return Verdict(False)
         if vs_q <= _CHI2_CRIT[5]:  # the negative control: these counts must be far from the draft's distribution
             raise AssertionError("the chi-squared test cannot tell the target from the draft at this sample size")
-        # 5. all drafts accepted: the bonus token comes from the last row of p
+        # 5. the second emitted token follows the target too, given that the first draft passed (gamma = 2, q != p
+        # at both positions): each position needs its own uniform draw, a shared one couples the two tests
+        p = torch.stack([_TARGET, _TARGET.flip(0), torch.full((6,), 1 / 6, dtype=torch.float64)])
+        q = torch.stack([_POOR_DRAFT, _POOR_DRAFT])
+        second = torch.zeros(6, dtype=torch.long)
+        for _ in range(2 * trials):
+            draft = torch.stack([torch.multinomial(q[i], 1, generator=gen)[0] for i in range(2)])
+            n, nxt = _call(fn, p, q, draft, gen)
+            if n >= 1:
+                second[int(draft[1]) if n == 2 else nxt] += 1
+        if _chi2(second, p[1]) > _CHI2_CRIT[5]:
+            print(f"[FAIL] {name}: over rounds whose first draft passed, the second emitted token is not distributed "
+                  f"as the target's second row: chi-squared {_chi2(second, p[1]):.1f} > {_CHI2_CRIT[5]}")
+            print(f"       emitted shares: {[round(v, 3) for v in (second.double() / second.sum()).tolist()]}; "
+                  f"target: {[round(v, 3) for v in p[1].tolist()]}")
+            print("       hint: the second position's test must not depend on how the first one's went")
+            return Verdict(False)
+        # 6. all drafts accepted: the bonus token comes from the last row of p
         bonus_row = torch.tensor([0.05, 0.05, 0.10, 0.15, 0.25, 0.40], dtype=torch.float64)
         p = torch.stack([_TARGET, _POOR_DRAFT, bonus_row])
         bonus = torch.zeros(6, dtype=torch.long)
@@ -126,8 +143,9 @@ def check_verify_draft(fn, trials: int = 4000) -> Verdict:
         print("       hint: probabilities must be non-negative (clamp p - q at zero) and a probability above 1 "
               "is not one (min(1, p/q))")
         return Verdict(False)
-    print(f"[PASS] {name}: q = p never rejected, p(x) = 0 always rejected, the round stops at the first rejection, first token distributed as the target "
-          "(chi-squared test at p = 1e-4, which rejects the draft's distribution), bonus token from the last row.")
+    print(f"[PASS] {name}: q = p never rejected, p(x) = 0 always rejected, the round stops at the first rejection, "
+          "first and second tokens distributed as the target (chi-squared tests at p = 1e-4), bonus token from the "
+          "last row.")
     return Verdict(True)
 
 

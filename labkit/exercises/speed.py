@@ -24,8 +24,9 @@ def check_step_speedup(fn) -> bool:
     cases = [(54.7, 34.9, 2.0), (45.5, 26.2, 1.0), (27.0, 11.8, 10.0), (10.0, 10.0, 4.0), (10.0, 0.0, 3.0),
              (40.0, 30.0, 1e9), (20.0, 5.0, 0.5)]
     return check("step_speedup", fn, _reference_step_speedup, cases,
-                 hint="the new step is the unchanged rest (step - products) plus the products divided by their "
-                      "speed-up; the step's speed-up is the old step over the new one")
+                 hint="check two limits of your formula: products 1x faster must leave the step as it was, and a "
+                      "step that is all products must get exactly the products' speed-up; no step can gain more "
+                      "than its products do")
 
 
 def _reference_products_budget(step_ms: float, products_ms: float, target_speedup: float):
@@ -50,8 +51,9 @@ def check_products_budget(fn) -> bool:
     cases = [(54.7, 34.9, 1.5), (54.7, 34.9, 2.0), (54.7, 34.9, 3.0), (27.0, 11.8, 1.2), (10.0, 10.0, 4.0),
              (10.0, 6.0, 2.5), (10.0, 6.0, 1.0), (30.0, 20.0, 3.0)]
     return check("products_budget", fn, _reference_products_budget, cases, compare=_same_budget,
-                 hint="the step may take step / target; the rest keeps its share (step - products), so the products "
-                      "get what is left, and nothing is left (None) when the rest already fills the step's budget")
+                 hint="check your answer by putting it back: with the products taking what you returned and the "
+                      "rest unchanged, the step must run exactly target times faster; and ask what the rest alone "
+                      "allows")
 
 
 def _reference_rest_share(profile: dict) -> float:
@@ -68,5 +70,5 @@ def check_rest_share(fn) -> bool:
             {"step_ms": 21.0, "profiled_step_ms": 27.0, "matmul_ms": 11.8, "other_ms": 5.9, "outside_ms": 9.3},
             {"step_ms": 9.0, "profiled_step_ms": 9.0, "matmul_ms": 9.0, "other_ms": 0.0, "outside_ms": 0.0}]
     return check("rest_share", fn, _reference_rest_share, [(r,) for r in rows],
-                 hint="the rest is every other operator plus the time between operators, and its share is of the "
-                      "step the profiler measured (profiled_step_ms), as a fraction, not a percentage")
+                 hint="compare the printed case's fields with the docstring's sum: which parts make up the step "
+                      "your share divides, and what range must a share lie in?")

@@ -67,7 +67,9 @@ def check_encode_with_merges(fn) -> bool:
     learned = {(116, 104): 256, (256, 101): 257, (32, 257): 258, (97, 116): 259, (32, 104): 260, (260, 259): 261}
     cases = [(list(b"aaabdaaabac"), aaab), (list(b"ab"), aaab), ([], aaab), (text, learned), (text, {}), (list(b"aaaa"), {(97, 97): 256, (256, 256): 257}),
              # merges that compete for the same byte: the earliest-learned wins wherever it stands
-             (list(b"abc"), {(98, 99): 256, (97, 98): 257}), (list(b"abcbcab"), {(98, 99): 256, (97, 98): 257})]
+             (list(b"abc"), {(98, 99): 256, (97, 98): 257}), (list(b"abcbcab"), {(98, 99): 256, (97, 98): 257}),
+             # the most frequent pair is not the earliest-learned one; and a dict whose order is not the ids' order
+             (list(b"abcbc"), {(97, 98): 256, (98, 99): 257}), (list(b"abc"), {(98, 99): 257, (97, 98): 256})]
     return check(
         "encode_with_merges",
         fn,

@@ -42,8 +42,8 @@ def check_accept_greedy(fn) -> Verdict:
     how many drafts equal the target's greedy choice, in order up to the first that does not; `bonus`: the
     target's own token after them."""
     return check("accept_greedy", fn, _accept_greedy, _greedy_cases(),
-                 hint="row i of the logits predicts the token after position i: draft[i] is checked against row "
-                      "i's argmax, and the token emitted after k accepted drafts comes from row k")
+                 hint="write out which row of the logits saw which tokens as its input, for the printed case: the "
+                      "first row's input is the last accepted token, not the first draft")
 
 
 def _tree_gain(alpha, second, nodes):
@@ -62,9 +62,8 @@ def check_tree_gain(fn) -> Verdict:
     cases = [(0.5, 0.0, 3), (0.5, 0.5, 3), (0.8, 0.5, 5), (0.3, 0.4, 5), (0.9, 0.9, 4), (0.0, 0.7, 6),
              (1.0, 0.5, 5), (0.6, 0.2, 8), (0.7, 1.0, 3)]
     return check("tree_gain", fn, _tree_gain, cases,
-                 hint="the chain accepts alpha + alpha^2 + ... + alpha^(nodes-1) on average; the tree gets 1 plus "
-                      "its main chain's expectation when the first candidate passes (probability alpha), and 1 with "
-                      "probability (1 - alpha) * second")
+                 hint="check limits: with alpha = 1 a chain accepts every draft; with alpha = 0 only the tree's "
+                      "second candidate can pass; and count the drafts each side verifies: both use `nodes` tokens")
 
 
 def _tree_mask(parents, prefix_len):
