@@ -19,7 +19,7 @@ SURFACE = [
     "labkit.metrics.repeated_ngram_rate",
     "labkit.data.data_path", "labkit.quant.ggml.quantize", "labkit.quant.ggml.dequantize",
     "labkit.viz.token_boundaries_html", "labkit.viz.reply_timeline", "labkit.widgets.token_boundaries",
-    "labkit.exercises.check_rope", "labkit.exercises.check_mixed_cache_bytes",
+    "labkit.exercises.check_rope_half", "labkit.exercises.check_mixed_cache_bytes",
 ]
 
 
