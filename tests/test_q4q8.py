@@ -185,3 +185,9 @@ def test_a_verify_pass_equals_the_steps_it_replaces(smol):
         model.step(ids[:, :-4], cache2)
         steps = torch.cat([model.step(ids[:, i:i + 1], cache2) for i in range(ids.shape[1] - 4, ids.shape[1])], 1)
     assert torch.equal(passed, steps)
+
+
+def test_the_modules_doctest_runs():
+    import doctest
+
+    assert doctest.testmod(q4q8).failed == 0

@@ -80,8 +80,11 @@ def test_checkers_pass_the_reference_and_catch_the_classic_mistakes(capsys):
     assert labkit.exercises.check_gqa_attention(_gqa)
     for bug in GQA_BUGS.values():
         assert not labkit.exercises.check_gqa_attention(lambda q, k, v, bug=bug: _gqa(q, k, v, **bug))
-    assert labkit.exercises.check_param_count(lambda c: c.n_params())
-    assert not labkit.exercises.check_param_count(lambda c: c.n_params() + (c.vocab_size * c.d_model if c.tie_embeddings else 0))
+    from labkit.exercises.transformer import _reference_param_count
+
+    assert labkit.exercises.check_param_count(_reference_param_count)
+    assert not labkit.exercises.check_param_count(  # the tied head counted twice
+        lambda c: _reference_param_count(c) + (c.vocab_size * c.d_model if c.tie_embeddings else 0))
     out = capsys.readouterr().out
     assert out.count("[PASS]") == 3 and out.count("[FAIL]") == 4
 
@@ -98,3 +101,11 @@ def test_the_half_rope_and_window_checkers_catch_the_layout_and_the_off_by_one(c
     assert not labkit.exercises.check_window_attention(lambda q, k, v, w: _reference_gqa(q, k, v))  # causal only
     out = capsys.readouterr().out
     assert out.count("[PASS]") == 2 and out.count("[FAIL]") == 4
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3.2-1b"])
+def test_the_param_count_reference_is_the_configs_own_count(name):
+    from labkit.exercises.transformer import _fields, _reference_param_count
+
+    assert _reference_param_count(_fields(name)) == ModelConfig.from_name(name).n_params()
+    assert not hasattr(_fields(name), "n_params")  # the exercise cannot call the answer

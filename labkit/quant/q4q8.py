@@ -19,7 +19,7 @@ without a special mode) nor on the path; `reference` and `reference_q8` (plain t
 arithmetic) equal the kernels bit for bit, which is how the tests check every path.
 
     >>> from labkit.quant import native
-    >>> layer = Q4Q8Linear(torch.randint(0, 16, (32, 64), dtype=torch.uint8), torch.full((32, 2), 0.01))
+    >>> layer = Q4Q8Linear(torch.randint(0, 16, (32, 64), dtype=torch.uint8), torch.full((32, 2), 2.0 ** -7))
     >>> layer(torch.randn(3, 64)).shape if native.available() else torch.Size([3, 32])
     torch.Size([3, 32])
 """

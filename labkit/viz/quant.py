@@ -69,7 +69,7 @@ def quality_figure(rows: list[dict], title: str, metric: str = "kl") -> go.Figur
     """KL to float32 (or "ppl_change", or "top1") against bits per weight, one colour per method.
 
     `rows` are the quality rows of one model (`labkit.quant.sweep.quality_rows`); bits per weight
-    is 32 · (bytes read per token / float32 bytes), so scales and the LM head are counted. The marker's
+    is 32 · (bytes stored / float32 bytes), so scales and the LM head are counted. The marker's
     shape is the group layout; points too close to another carry no text label (hover names them all).
     """
     labels = {"kl": ("mean KL(float32 ‖ variant), nats", "log"), "ppl_change": ("perplexity change vs float32", "linear"),
@@ -95,7 +95,7 @@ def quality_figure(rows: list[dict], title: str, metric: str = "kl") -> go.Figur
         if any(_symbol(r["name"]) == symbol for r in shown):
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=layout,
                                      marker=dict(size=10, color="#555", symbol=symbol)))
-    fig.update_layout(title=wrap_title(title), xaxis=dict(title="bits per weight read per token (scales and head included)"),
+    fig.update_layout(title=wrap_title(title), xaxis=dict(title="bits per weight stored (scales and head included)"),
                       yaxis=dict(title=labels[metric][0], type=labels[metric][1],
                                  tickformat=".0%" if metric != "kl" else None), **_LAYOUT)
     return fig
