@@ -104,8 +104,14 @@ def test_the_half_rope_and_window_checkers_catch_the_layout_and_the_off_by_one(c
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3.2-1b"])
-def test_the_param_count_reference_is_the_configs_own_count(name):
+def test_the_param_count_exercise_gets_fields_only(name):
     from labkit.exercises.transformer import _fields, _reference_param_count
 
     assert _reference_param_count(_fields(name)) == ModelConfig.from_name(name).n_params()
     assert not hasattr(_fields(name), "n_params")  # the exercise cannot call the answer
+    # the exercise's own solution, written from the fields, agrees with the config's count
+    c = _fields(name)
+    attention = 2 * c.d_model * c.n_heads * c.head_dim + 2 * c.d_model * c.n_kv_heads * c.head_dim
+    head = 0 if c.tie_embeddings else c.vocab_size * c.d_model
+    assert (c.vocab_size * c.d_model + c.n_layers * (attention + 3 * c.d_model * c.ffn_dim + 2 * c.d_model)
+            + c.d_model + head) == ModelConfig.from_name(name).n_params()

@@ -91,6 +91,9 @@ PARAM_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "h
                 "tie_embeddings")
 
 
+_PARAM_MODELS = ("smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3.2-1b")
+
+
 def _fields(name: str) -> SimpleNamespace:
     """A Llama-family config's fields only, no methods: `n_params()` is what the exercise derives."""
     config = ModelConfig.from_name(name)
@@ -98,16 +101,14 @@ def _fields(name: str) -> SimpleNamespace:
 
 
 def _reference_param_count(c) -> int:
-    attention = 2 * c.d_model * c.n_heads * c.head_dim + 2 * c.d_model * c.n_kv_heads * c.head_dim
-    per_layer = attention + 3 * c.d_model * c.ffn_dim + 2 * c.d_model  # Wq Wo, Wk Wv; gate, up, down; two norms
-    head = 0 if c.tie_embeddings else c.vocab_size * c.d_model
-    return c.vocab_size * c.d_model + c.n_layers * per_layer + c.d_model + head
+    # the config whose fields these are, counted by `ModelConfig.n_params` (one parameter count in labkit)
+    return next(ModelConfig.from_name(n) for n in _PARAM_MODELS if _fields(n) == c).n_params()
 
 
 def check_param_count(fn) -> bool:
     """Check `fn(config) -> int`: the model's distinct parameters (a tied LM head counts once), from a config that
     carries the fields `PARAM_FIELDS` only."""
-    cases = [(_fields(n),) for n in ("smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3.2-1b")]
+    cases = [(_fields(n),) for n in _PARAM_MODELS]
     return check("param_count", fn, _reference_param_count, cases,
                  hint="list every weight tensor of the model and its shape from the fields; which of them does a "
                       "tied LM head not add, and which vectors are not matrices?")
