@@ -210,15 +210,28 @@ def test_the_live_sweep_pairs_each_budget_with_no_speculation_by_seed():
 
 
 def test_a_modelled_heads_drafting_is_on_the_replays_clock(shakespeare, recorded):  # noqa: F811
-    """A modelled head drafts after the budget's decision, and each drafted token adds `head_step_s` to its pass: with
-    every request there at once (no idle gap), the run takes that much longer per drafted token, and its budget is
-    told the same seconds."""
+    """A modelled head drafts after the budget's decision, and each drafted token's `head_step_s` goes on the clock
+    beside its pass: with every request there at once (no idle gap), the run takes that much longer per drafted
+    token, the summary's drafting seconds are those, and the budget learns the passes' costs without them (F8: it
+    is told the drafting once, as D)."""
     model, _ = shakespeare
     opts = dict(rate=float("inf"), budget="fixed:3", max_batch=3, token_budget=16, head=0.5)
     free = specload.replay(recorded, model.config, _cost, **opts)
     paid = specload.replay(recorded, model.config, _cost, head_step_s=0.01, **opts)
     assert paid["drafted"] == free["drafted"] > 0
     assert paid["duration_s"] - free["duration_s"] == pytest.approx(0.01 * paid["drafted"])
+    assert paid["draft_s"] == pytest.approx(0.01 * paid["drafted"])
+    budget, reqs, m = LoadAware(), specload.trace(recorded, 1.0), len(recorded["prompts"])
+    seqs = {r.id: recorded["prompts"][r.id % m] + recorded["replies"][r.id % m] for r in reqs}
+    engine = Engine(RecordedModel(model.config, seqs), policy="chunked", max_batch=3, token_budget=16, num_blocks=64,
+                    prefix_cache=False, pass_time=_cost, spec_budget=budget,
+                    drafter=specload.ModelledHead(recorded, 1.0, step_s=0.01))
+    steps = engine.replay(reqs).steps
+    assert sum(s.drafted for s in steps) > 0
+    assert [s for _, s, _ in budget.passes] == pytest.approx([_cost(s.rows) for s in steps][-len(budget.passes):])
+    assert budget.draft_cost() == pytest.approx(0.01)
+    for s in steps:  # each step: its pass's modelled cost, then its drafted tokens' head steps, on the clock
+        assert s.end - s.start == pytest.approx(_cost(s.rows) + 0.01 * s.drafted)
     with pytest.raises(ValueError, match="step_s"):
         specload.ModelledHead(recorded, 0.5, step_s=-1)
 
@@ -234,3 +247,24 @@ def test_every_seed_carries_its_stated_load(recorded):
         gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
         assert len(set(round(g, 9) for g in gaps)) > 1  # not a uniform grid
     assert spans == pytest.approx([(n - 1) / 2.0] * 4, rel=1e-12)
+
+
+def test_the_live_bench_replays_a_head_at_its_fixed_runs_drafting_cost(shakespeare, recorded):  # noqa: F811
+    """F8: `serving_spec_live.one_point` runs every live configuration, then replays each; a head's replay takes the
+    live run's own acceptance and one drafting cost per point, its fixed budgets' seconds per drafted token (auto's
+    own would spread its decisions over few tokens), and every live reply is the recording's."""
+    from labkit.benchmarks.serving_spec_live import one_point, rerecord
+
+    model, _ = shakespeare
+    rec = rerecord(model, {**recorded, "replies": [r[:12] for r in recorded["replies"]], "max_new_tokens": 12})
+    head = specload.ModelledHead(rec, 0.5, step_s=0.0)
+    heads = {}
+    rows = one_point(model, rec, _cost, 50.0, 1, {"mtp head": head}, heads, budgets=("fixed:3", "auto"))
+    assert [(r["drafter"], r["budget"]) for r in rows] == [("none", "off"), ("mtp head", "fixed:3"), ("mtp head", "auto")]
+    assert all(r["exact"] for r in rows)
+    fixed = rows[1]["live"]
+    assert heads["mtp head"] == pytest.approx((fixed["accepted"] / fixed["tested"], fixed["draft_s"] / fixed["drafted"]))
+    for r in rows[1:]:  # the replay's head accepts what the live head accepted, per tested token
+        live, rep = r["live"], r["replay"]
+        assert rep["drafted"] > 0 and abs(rep["accepted"] / rep["tested"] - live["accepted"] / live["tested"]) < 0.35
+        assert rep["draft_s"] == pytest.approx(heads["mtp head"][1] * rep["drafted"])

@@ -15,8 +15,9 @@ the wall clock, idle gaps skipped. Its replies must equal the recording; no bloc
 Beside each live run, the replay of the same trace (`specload.replay` on the recording, no model): its passes
 priced by this machine's pass costs measured in the batch-invariant mode, passes with drafted tokens on their
 own curve (`passcost.measure_pass_costs(..., verify_rows, gammas)`); the head replayed as a `ModelledHead`
-accepting what the live head accepted, each drafted token priced at the drafting seconds per token the live run
-measured (the head drafts after the budget's decision, live and replayed). The replay leaves out verification and
+accepting what the live head accepted, each drafted token's head step priced at the drafting seconds per token its
+fixed-budget runs measured at that point, on the clock beside the pass (the head drafts after the budget's
+decision, live and replayed; the budget learns the pass's cost and the drafting apart, as live: `one_point`). The replay leaves out verification and
 prompt lookup's drafting: the ratio shows it.
 
 Each speed-up (per-request decode speed, 1/TPOT; throughput; TTFT p50) is a paired comparison over the seeds
@@ -57,22 +58,37 @@ def _summary(s: dict) -> dict:
 
 
 def one_point(model, rec, cost, rate, seed, drafters, heads_alpha, budgets=BUDGETS) -> list[dict]:
-    """Every configuration at one load and seed, live and replayed: rows {drafter, budget, live, replay, exact}."""
+    """Every configuration at one load and seed, live and replayed: rows {drafter, budget, live, replay, exact}.
+
+    The live runs come first (their order alternates by seed), then each one's replay. A head is replayed as a
+    `ModelledHead` with the live run's own acceptance per tested token (where it tested none: its fixed budgets'
+    at this point, else the last measured, `heads_alpha`) and one drafting cost per head and point: the drafting
+    seconds per token of its fixed-budget runs, which draft enough tokens to measure it."""
     from labkit.serving.studies import specload
 
-    rows = []
     configs = [(name, drafter, budget) for name, drafter in (("none", None), *drafters.items())
                for budget in (("off",) if drafter is None else budgets)]
+    lives = {}
     for name, drafter, budget in configs[::-1] if seed % 2 else configs:  # drift enters the pairs both ways
         live = specload.replay(rec, model.config, None, rate=rate, budget=budget, seed=seed, model=model,
                                drafter=drafter, **ENGINE)
         served = live.pop("served")
-        exact = all(r.output == rec["replies"][r.id % len(rec["replies"])] for r in served)
+        lives[name, budget] = live, all(r.output == rec["replies"][r.id % len(rec["replies"])] for r in served)
+    for name in drafters:
+        if name == "prompt lookup":
+            continue
+        fixed = [lives[name, b][0] for b in budgets if b.startswith("fixed")] or [lives[name, b][0] for b in budgets]
+        tested, drafted = sum(r["tested"] for r in fixed), sum(r["drafted"] for r in fixed)
+        a, step_s = heads_alpha.get(name, (0.0, 0.0))
+        heads_alpha[name] = (sum(r["accepted"] for r in fixed) / tested if tested else a,
+                             sum(r["draft_s"] for r in fixed) / drafted if drafted else step_s)
+    rows = []
+    for name, drafter, budget in configs:
+        live, exact = lives[name, budget]
         head, step_s = None, 0.0  # the replay's drafter: prompt lookup, or a modelled head as the live one ran
         if drafter is not None and name != "prompt lookup":
-            if live["tested"]:  # per drafted token, given the ones before it were accepted: ModelledHead's rate
-                heads_alpha[name] = (live["accepted"] / live["tested"], live["draft_s"] / live["drafted"])
-            head, step_s = heads_alpha.get(name, (0.0, 0.0))
+            head, step_s = heads_alpha[name]
+            head = live["accepted"] / live["tested"] if live["tested"] else head
         replayed = specload.replay(rec, model.config, cost, rate=rate, budget=budget, seed=seed, head=head,
                                    head_step_s=step_s, **ENGINE)
         replayed.pop("served")

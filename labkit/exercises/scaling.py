@@ -2,8 +2,8 @@
 step pays in the cost model (a derivation), and how to split workers between prefill and decode (a derivation
 by Little's law).
 
-The references are labkit's own where it has one: `serving.studies.router.Router` and `request_work` for the
-router, `costmodel.roofline.allreduce_time` (what `phase_time` charges) for the all-reduces.
+The references are labkit's own where it has one: `serving.studies.router.Router` (`outstanding`, `choose`)
+for the router, `costmodel.roofline.allreduce_time` (what `phase_time` charges) for the all-reduces.
 """
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ __all__ = ["check_least_work", "check_allreduce_step", "check_pool_sizes"]
 
 def _least_work(replicas, now, prompt_len, max_new):
     from labkit.serving.engine.request import Request
-    from labkit.serving.studies.router import Router, request_work
+    from labkit.serving.studies.router import Router
 
-    def work(p, m):
-        return request_work(Request(0, [1] * p, m))
+    def sent(p, m, finish):
+        req = Request(0, [1] * p, m)
+        req.finish = finish
+        return req
 
-    # as `replay_replicas` counts: every request sent to a replica that has not finished by `now`, in full
-    outstanding = [sum(work(p, m) for p, m, finish in sent if finish is None or finish > now) for sent in replicas]
-    return Router(len(replicas), "least_work").choose(Request(0, [1] * prompt_len, max_new), outstanding)
+    router = Router(len(replicas), "least_work")  # as `replay_replicas` counts (`Router.outstanding`)
+    outstanding = router.outstanding([[sent(*r) for r in mine] for mine in replicas], now)
+    return router.choose(Request(0, [1] * prompt_len, max_new), outstanding)
 
 
 def check_least_work(fn) -> Verdict:

@@ -153,7 +153,7 @@ class LoadAware(SpecBudget):
         self.cost, self.recency, self.probe_every = cost, float(recency), probe_every
         self.probe_gap, self.probing = probe_every, set()  # passes between probes now; the request probed last pass
         self.recent: dict = {}             # request id -> its recency-weighted acceptance
-        self.passes: deque = deque(maxlen=recent_passes)  # (tokens, seconds) of the engine's recent passes
+        self.passes: deque = deque(maxlen=recent_passes)  # (tokens, seconds, sequences) of the recent passes
         self.tested = self.accepted = 0    # pooled over every request verified
         self.idle: dict = {}               # request id -> passes since it last verified a drafted token
         self.since = 0                     # passes since any request verified one
@@ -221,9 +221,9 @@ class LoadAware(SpecBudget):
         if rows is not None and det > 0.05 * sxx * srr:  # tokens and rows vary apart (r² < 0.95): two slopes
             b, c = (sxy * srr - sry * sxr) / det, (sry * sxx - sxy * sxr) / det
             b = max(0.0, b)
-            return lambda n: my + b * (n - mx) + c * (rows - mr)
+            return lambda n: max(0.0, my + b * (n - mx) + c * (rows - mr))  # extrapolated: never below 0 s
         slope = max(0.0, sxy / sxx)
-        return lambda n: my + slope * (n - mx)
+        return lambda n: max(0.0, my + slope * (n - mx))
 
     def pass_cost(self, tokens: int) -> float | None:
         """T(tokens) from `line`, or from the given cost as one row of `tokens` (None: not known yet)."""

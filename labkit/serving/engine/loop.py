@@ -179,6 +179,8 @@ class Engine:
         step.parts = sw.totals()
         if self.pass_time is not None:
             step.parts["pass (modelled)"] = pass_s
+        if self.speculator is not None and self.speculator.modelled_s:
+            step.parts["draft (modelled)"] = self.speculator.modelled_s
         self.steps.append(step)
         self.n_steps += 1
         return step
@@ -194,14 +196,16 @@ class Engine:
 
     def _end(self, now: float, clock, sw: Stopwatch, pass_s: float) -> float:
         """When this step's tokens are out: `clock()`, or `now` + the work timed so far (the pass's cost in
-        place of its wall time when `pass_time` models it; the host's other work only when `host_time`).
+        place of its wall time when `pass_time` models it; the host's other work only when `host_time`; a modelled
+        drafter's seconds, `draft_seconds`, always: the budget learns the pass's cost without them).
         Inside the step the parts so far count; after it, the whole (the gaps between parts included)."""
         if clock is not None:
             return clock()
         wall_pass = sw.totals().get("pass", 0.0)
         done = sw.whole_seconds or sum(sw.totals().values())
         host = done - wall_pass
-        return now + pass_s + (host if (self.pass_time is None or self.host_time) else 0.0)
+        drafting = 0.0 if self.speculator is None else self.speculator.modelled_s  # a modelled head's, beside the pass
+        return now + pass_s + drafting + (host if (self.pass_time is None or self.host_time) else 0.0)
 
     def _choose_rows(self, rows, logits):
         """Verify and sample every row of a pass: ([(request, [(token, logits)])], [(request, why it failed)],

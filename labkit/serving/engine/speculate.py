@@ -60,6 +60,7 @@ class Speculator:
         self._after = self.heads is not None or getattr(drafter, "drafts_after_budget", False)
         self.pending: list = []  # (request, tokens kept) a head drafts after the plan (`keep`, then `draft`)
         self.offer_s = 0.0  # seconds the drafter spent in `offer` since the engine last set this to 0 (its step)
+        self.modelled_s = 0.0  # a modelled drafter's seconds for this step's drafting (`draft_seconds`; set by `draft`)
 
     @property
     def name(self) -> str:
@@ -113,7 +114,7 @@ class Speculator:
         """After the plan: a head drafts the tokens the scheduler kept (`keep`), each a step of its own, timed for the
         budget (`observe_draft`): it pays for no token thrown away. Returns the rows, each as long as what was
         drafted (a head may stop short, at a stop token or without a state)."""
-        pending, self.pending = self.pending, []
+        pending, self.pending, self.modelled_s = self.pending, [], 0.0
         if not pending:
             return rows
         start, made = now(), 0
@@ -122,8 +123,9 @@ class Speculator:
                 self.drafter.propose(req.tokens, k, req.params, req.generator)
             self._keep(req, list(tokens)[:k], q)
             made += len(req.draft)
-        if made:  # a modelled head says what its drafting would take; a real one is timed
+        if made:  # a modelled head says what its drafting would take (the engine's clock adds it); a real one is timed
             seconds = self.drafter.draft_seconds(made) if hasattr(self.drafter, "draft_seconds") else None
+            self.modelled_s = seconds or 0.0
             self.budget.observe_draft(made, now() - start if seconds is None else seconds)
         short = {id(req): k - len(req.draft) for req, k in pending}
         return [(req, n - short.get(id(req), 0)) for req, n in rows]

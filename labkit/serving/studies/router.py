@@ -48,6 +48,11 @@ class Router:
     def work(self, req: Request) -> int:
         return request_work(req, self.expected_reply)
 
+    def outstanding(self, sent: list[list[Request]], now: float) -> list[int]:
+        """Each replica's outstanding work at `now`, in tokens: `sent[i]` lists the requests sent to replica i, and
+        each counts its whole `work` until it finishes (one that finished at or before `now` counts nothing)."""
+        return [sum(self.work(q) for q in mine if q.finish is None or q.finish > now) for mine in sent]
+
     def choose(self, req: Request, outstanding: list[int]) -> int:
         """The replica for `req`, given each replica's outstanding work in tokens."""
         if len(outstanding) != self.n_replicas:
@@ -92,9 +97,7 @@ def replay_replicas(engines: list[Engine], requests: list[Request], router: Rout
     for req in pending:
         for i in range(len(engines)):
             advance(i, req.arrival)
-        outstanding = [sum(router.work(q) for q in mine if q.finish is None or q.finish > req.arrival)
-                       for mine in assigned]
-        i = router.choose(req, outstanding)
+        i = router.choose(req, router.outstanding(assigned, req.arrival))
         assigned[i].append(req)
         engines[i].add(req)
         route.append(i)

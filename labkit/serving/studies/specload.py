@@ -76,7 +76,7 @@ class ModelledHead:
     It lets a sweep ask what a head of a given acceptance would do under load, on the same requests. Like a head in
     the engine it is asked after the budget's decision (`drafts_after_budget`), and `step_s`, the seconds one drafted
     token's head step takes (measured live), is what it tells the budget its drafting took (`draft_seconds`); the
-    replay adds it to the clock (`replay(head_step_s=...)`)."""
+    engine puts the same seconds on its clock beside the pass's cost (`replay(head_step_s=...)`)."""
 
     drafts_after_budget = True
 
@@ -177,8 +177,10 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
     and sampling to each pass's cost (`Engine`'s); False (the default) prices the passes alone: deterministic,
     and an upper bound on what speculation gains, since drafting and verification are left out of it.
     `drafter`: draft with this object (a real head on `model`) instead; `budget` "off" still drafts nothing.
-    `head_step_s`: the modelled head's seconds per drafted token, added to each pass's cost (a head drafts one step
-    per token, before the pass). The summary's `draft_s` is the drafting the engine timed (live: a real drafter's)."""
+    `head_step_s`: the modelled head's seconds per drafted token, on the clock beside each pass's cost (a head drafts
+    one step per token, before the pass; the budget learns the pass's cost without it and the drafting as D, as it
+    does live). The summary's `draft_s` is the drafting the engine timed (live: a real drafter's; replayed: the
+    modelled head's seconds)."""
     from labkit.speculative import PromptLookup
 
     reqs = trace(recorded, rate, copies, seed)
@@ -186,9 +188,6 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
     if model is None:
         model = RecordedModel(config, {r.id: recorded["prompts"][r.id % m] + recorded["replies"][r.id % m] for r in reqs})
     longest = max(len(p) + len(r) for p, r in zip(recorded["prompts"], recorded["replies"]))
-    if head is not None and head_step_s and pass_time is not None:
-        priced = pass_time
-        pass_time = lambda rows: priced(rows) + head_step_s * sum(len(req.draft) for req, _ in rows)  # noqa: E731
     engine = Engine(model, policy=policy, max_batch=max_batch, token_budget=token_budget, block_size=16,
                     num_blocks=max_batch * (-(-longest // 16) + 1), prefix_cache=False, pass_time=pass_time,
                     host_time=host_time,
@@ -198,7 +197,7 @@ def replay(recorded: dict, config, pass_time, *, rate: float, budget: str = "off
     out = summarize(engine.replay(reqs), ttft_slo_s=2.0, itl_slo_s=0.1)
     steps = engine.steps
     out.update(budget=budget, rate=rate, drafted=sum(s.drafted for s in steps), accepted=sum(s.accepted for s in steps),
-               tested=sum(r.tested for r in reqs), draft_s=sum(s.parts.get("draft", 0.0) for s in steps),
+               tested=sum(r.tested for r in reqs), draft_s=sum(s.parts.get("draft" if head is None else "draft (modelled)", 0.0) for s in steps),
                draft_passes=sum(1 for s in steps if s.drafted),
                tokens_per_pass=sum(s.n_tokens for s in steps) / max(1, len(steps)))
     for kind in sorted(set(recorded["kinds"])):
