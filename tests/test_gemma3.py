@@ -302,3 +302,33 @@ def test_generate_streaming_and_the_token_view_run_on_gemma(gemma):
     assert "The" in str(token_boundaries_html(tok, "The capital of France is"))
     with pytest.raises(ValueError, match="chat=False"):
         Chat(model, tok)
+
+
+def test_the_cli_quality_speculation_and_the_server_run_on_gemma(gemma, capsys, monkeypatch):
+    """The other paths a learner takes with a model, on Gemma 3: `labkit generate --no-chat` prints the reply,
+    `metrics.quality` scores a window, prompt lookup's greedy tokens are plain greedy decoding's, and `labkit serve`
+    answers a completion with the same tokens (the file is a base model: completions, not chat)."""
+    import labkit
+    from labkit.cli import main
+    from labkit.metrics import quality
+    from labkit.speculative import PromptLookup, generate as spec_generate
+
+    model, tok, _ = gemma
+    prompt = "One, two, three, four, five, six, seven, eight, nine, ten. One, two, three,"
+    plain = labkit.generate(model, tok, prompt, max_new_tokens=6, chat=False, temperature=0.0)
+    monkeypatch.setattr(labkit, "load", lambda name, dtype=torch.float32: (model, tok))
+    assert main(["generate", "--model", "gemma3-270m", "--no-chat", "--max-new-tokens", "6", "--temperature", "0",
+                 prompt]) == 0
+    assert capsys.readouterr().out.startswith(plain.text)
+    ids = tok.encode("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer")
+    q = quality(model, ids, window=len(ids), stride=len(ids))
+    assert 1 < q["ppl"] < 1e4
+    spec = spec_generate(model, PromptLookup(), tok, prompt, gamma=3, max_new_tokens=6, chat=False, temperature=0.0)
+    assert spec.token_ids == plain.token_ids
+    openai = pytest.importorskip("openai")
+    from labkit.serving.http.server import Server
+
+    with Server(model, tok, "gemma3-270m", max_batch=2, token_budget=64, num_blocks=64) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        reply = client.completions.create(model="gemma3-270m", prompt=prompt, max_tokens=6, temperature=0)
+    assert reply.choices[0].text == plain.text

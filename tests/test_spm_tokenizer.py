@@ -121,3 +121,32 @@ def test_both_tokenizers_answer_the_same_calls(gemma_tok):
     with pytest.raises(ValueError, match="no chat template"):
         gemma_tok.encode_chat([{"role": "user", "content": "hi"}])
     assert gemma_tok.chat_template is None and smol.chat_template is not None
+
+
+def test_word_by_word_encoding_is_the_whole_fragments_merging(gemma_tok):
+    """On Gemma's vocabulary one piece holds a ▁ after another character (`>▁</`, a bridge), so the tokenizer merges
+    a fragment word by word (from its cache) unless the bridge occurs in it: the same ids as merging each fragment
+    whole, on held-out text, mixed scripts, runs of spaces, a typed ▁, the bridge and invalid UTF-8 (whole)."""
+    from labkit.data import corpus
+    from labkit.tokenizer.spm import SentencePieceTokenizer
+
+    assert gemma_tok._by_word and [b.decode() for b in gemma_tok._bridges] == [">▁</"]
+    whole = SentencePieceTokenizer(gemma_tok.pieces, gemma_tok.scores, gemma_tok.types, bos_id=gemma_tok.bos_id,
+                                   eos_id=gemma_tok.eos_id)
+    whole._by_word = False
+    texts = [corpus.load_text("val")[:20_000], "  Hello   world\t\tfoo  ▁bar▁▁baz  漢字 😀 x  ", "a\u2581\u2581b c",
+             b"ab \xf0\x9f\x98 cd \xe2\x96 ef", "½ €5 — naïve café", "<b>x</b> <i>y</i>\n<td> </td>"]
+    for text in texts:
+        assert gemma_tok.encode(text) == whole.encode(text)
+        assert gemma_tok.encode(text) == gemma_tok.encode(text)  # served again from the cache: the same
+
+
+def test_a_vocabulary_with_a_space_inside_a_piece_merges_fragments_whole():
+    """A piece `a▁b` could merge across a word's start: a fragment holding it is merged whole (cut into words,
+    `a` and `▁b` would never meet)."""
+    from labkit.tokenizer.spm import SentencePieceTokenizer
+
+    pieces = ["<unk>", "<s>", "</s>", "▁", "a", "b", "a▁", "a▁b"]
+    tok = SentencePieceTokenizer(pieces, [0, 0, 0, -1, -2, -2, -1.5, -1], [2, 3, 3, 1, 1, 1, 1, 1], bos_id=1, eos_id=2)
+    assert [b.decode() for b in tok._bridges] == ["a▁", "a▁b"]
+    assert tok.encode("a b", add_bos=False) == [7] and tok.encode("b b", add_bos=False) == [5, 3, 5]

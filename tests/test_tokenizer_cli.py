@@ -44,3 +44,18 @@ def test_committed_shakespeare_tokenizer_is_reproduced_by_the_command(tmp_path, 
 def test_get_tokenizer_rejects_unknown_names():
     with pytest.raises(ValueError, match="smollm2"):
         get_tokenizer("gpt5")
+
+
+def test_tokenize_runs_gemmas_sentencepiece_tokenizer(capsys):
+    """`labkit tokenize --tokenizer gemma3`: Gemma 3's tokenizer from its GGUF file, <bos> first and shown as text,
+    the same ids as the tokenizer's own encode."""
+    try:
+        tok = get_tokenizer("gemma3")
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert cli.main(["tokenize", "--ids", "--tokenizer", "gemma3", "Hello world"]) == 0
+    ids = [int(x) for x in capsys.readouterr().out.split()]
+    assert ids == tok.encode("Hello world", allowed_special="all") and ids[0] == tok.bos_id
+    assert cli.main(["tokenize", "--tokenizer", "gemma3", "Hello world"]) == 0
+    out = capsys.readouterr().out
+    assert "b'<bos>'" in out and "b'Hello'" in out and out.strip().endswith("bytes per token")

@@ -79,7 +79,8 @@ def resolve_sums(sums: str) -> str:
 
 
 def _round_away(x: torch.Tensor) -> torch.Tensor:
-    """C `roundf` (halves away from zero), as llama.cpp's quantizers round; exact for the float below 0.5."""
+    """C `roundf` (halves away from zero), as ggml's reference quantizers round (`quantize_row_q8_1_ref`; its x86
+    SIMD quantizer rounds ties to even); exact for the float below 0.5."""
     a = x.abs()
     whole = torch.floor(a)
     return torch.sign(x) * (whole + torch.floor(2 * (a - whole)))
@@ -88,8 +89,9 @@ def _round_away(x: torch.Tensor) -> torch.Tensor:
 def quantize_activations(x: torch.Tensor, with_sum: bool = False, block: int = BLOCK):
     """Q8_0 (or Q8_1 with `with_sum`) codes of input rows x [M, K]: (q int8 [M, K], d [M, K/32], s or None).
 
-    d = max|x| / 127 per block, rounded to fp16 as the block stores it; q = round(x / d) with the
-    float32 d (llama.cpp's `quantize_row_q8_0`); s = d·Σq (Q8_1), also kept at fp16 precision.
+    d = max|x| / 127 per block, rounded to fp16 as the block stores it; q = round(x · (1/d)) with the
+    float32 d (ggml's `quantize_row_q8_0_ref`); s = d·Σq (Q8_1), also kept at fp16 precision. The fp16 limits are
+    llama.cpp's: s overflows once d·Σq passes 65,504, d once max|x| passes ~8.3e6; below ~1e-4 d is subnormal.
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point torch.Tensor, got {type(x).__name__} {getattr(x, 'dtype', '')}")

@@ -42,6 +42,7 @@ leaves control pieces out unless `skip_special_tokens=False` (as llama.cpp's det
 from __future__ import annotations
 
 import heapq
+import re
 from typing import Iterable
 
 from labkit import checks
@@ -50,8 +51,20 @@ __all__ = ["SentencePieceTokenizer", "SPACE"]
 
 
 SPACE = "\u2581"  # ▁, a space inside a piece
+_SPACE_BYTES = SPACE.encode("utf-8")
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # GGUF token types
 _UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)  # by a lead byte's high 4 bits, as llama.cpp reads
+# a fragment's words: a run of ▁ with the characters up to the next ▁, or the characters before the first ▁
+_WORDS = re.compile(rb"(?:\xe2\x96\x81)+(?:[^\xe2]|\xe2(?!\x96\x81))*|(?:[^\xe2]|\xe2(?!\x96\x81))+")
+_CACHE_LIMIT = 200_000  # words kept in the encode cache
+
+
+def _space_after_text(piece: bytes) -> bool:
+    """Whether `piece` holds a ▁ after a character that is not one (`▁▁a` does not, `a▁b` does)."""
+    i = 0
+    while piece.startswith(_SPACE_BYTES, i):
+        i += len(_SPACE_BYTES)
+    return _SPACE_BYTES in piece[i:]
 
 
 class SentencePieceTokenizer:
@@ -80,6 +93,12 @@ class SentencePieceTokenizer:
         specials = [i for i, t in enumerate(self.types) if t in (CONTROL, USER_DEFINED, UNKNOWN)]
         specials.sort(key=lambda i: -len(self.pieces[i].encode("utf-8")))  # longest first, as llama.cpp sorts
         self._specials = [(self.pieces[i].encode("utf-8"), i, self.types[i]) for i in specials if self.pieces[i]]
+        # a merge can cross the start of a ▁ run only into a piece that holds a ▁ after another character (a
+        # bridge; Gemma 3's vocabulary has one, `>▁</`), and only where that piece's text occurs: a fragment without
+        # one merges word by word, the same as whole, each word served from a cache once seen
+        self._bridges = [p for p in self._ids if _space_after_text(p)]
+        self._by_word = len(self._bridges) <= 64
+        self._cache: dict[bytes, list[int]] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -120,8 +139,29 @@ class SentencePieceTokenizer:
         return parts
 
     def _fragment(self, data: bytes) -> list[int]:
-        """Score-based merging over one fragment's UTF-8 characters, then byte fallback."""
-        data = data.replace(b" ", SPACE.encode("utf-8"))
+        """One fragment's ids: word by word from the cache where no merge can cross a word's start (no bridge piece
+        in the fragment, see `__init__`) and the fragment is valid UTF-8 (an invalid lead byte may announce a
+        character that runs into a ▁), else merged whole."""
+        data = data.replace(b" ", _SPACE_BYTES)
+        if not self._by_word or any(bridge in data for bridge in self._bridges):
+            return self._merge(data)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return self._merge(data)
+        ids: list[int] = []
+        cache = self._cache
+        for word in _WORDS.findall(data):
+            got = cache.get(word)
+            if got is None:
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                got = cache[word] = self._merge(word)
+            ids.extend(got)
+        return ids
+
+    def _merge(self, data: bytes) -> list[int]:
+        """Score-based merging over the UTF-8 characters of `data` (spaces already ▁), then byte fallback."""
         starts, i = [], 0
         while i < len(data):
             starts.append(i)

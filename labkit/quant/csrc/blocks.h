@@ -48,11 +48,17 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float
       const float id = d > 0.0f ? 1.0f / d : 0.0f;
       int32_t sum = 0;
       for (int64_t i = 0; i < BLOCK; ++i) {
-        int32_t r = static_cast<int32_t>(std::roundf(xb[i] * id));  // halves away from zero, as llama.cpp
+        // halves away from zero, as ggml's reference quantizer (quantize_row_q8_1_ref: id = 1/d, roundf);
+        // llama.cpp's x86 SIMD quantizer (quantize_row_q8_1) rounds ties to even with id = 127/amax, so its
+        // codes can differ from these by one on exact ties
+        int32_t r = static_cast<int32_t>(std::roundf(xb[i] * id));
         r = std::min(127, std::max(-127, r));
         q[m * K + b * BLOCK + i] = static_cast<int8_t>(r);
         sum += r;
       }
+      // dx and sx rounded to fp16 as Q8_1's block stores them (llama.cpp has the same limits): a block whose
+      // d*sum(q) passes 65,504 makes sx inf (every output of the row -inf or NaN), amax above ~8.3e6 makes dx
+      // inf, and below ~1e-4 dx is fp16-subnormal (percent-level error; 0 under ~3.8e-6). Not checked here.
       dx[m * nb + b] = to_half_and_back(d);
       sx[m * nb + b] = to_half_and_back(d * static_cast<float>(sum));
       xsum[m * nb + b] = sum;

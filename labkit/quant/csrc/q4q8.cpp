@@ -3,10 +3,13 @@
 //   y[m, n] = sum over blocks b of   dw[n,b] * dx[m,b] * sum_i qw[n,b,i] * qx[m,b,i]
 //                                  + mw[n,b] * sx[m,b]
 //
-// Weights: GGUF's Q4_1 blocks of 32 (codes 0..15, a float16 step dw and minimum mw; Q4_0 is
-// the same with mw = -8 dw). Activations: each input row quantized once per pass to int8 per
-// block of 32 (llama.cpp's Q8_1: dx = max|x| / 127, q = round(x / dx) halves away from zero,
-// sx = dx * sum q; dx and sx rounded to float16 as the block stores them).
+// Weights: GGUF's Q4_1 blocks of 32 (codes 0..15, a float16 step dw and minimum mw). Q4_0 runs
+// through the same route with mw = -8 dw: not exact, since the offset goes through the fp16 sx
+// (all-zero Q4_0 weights give outputs up to ~3e-4 where ggml_vec_dot_q4_0_q8_0, which subtracts
+// 8 in integers, gives 0). Activations: each input row quantized once per pass to int8 per
+// block of 32 (llama.cpp's Q8_1: dx = max|x| / 127, q = roundf(x * (1 / d)) with the float32 d,
+// halves away from zero as ggml's reference quantize_row_q8_1_ref; its x86 SIMD quantizer rounds
+// ties to even; sx = dx * sum q; dx and sx rounded to float16 as the block stores them).
 //
 // Layout. Weight rows are packed in groups of 16 (ROWS). For one group and one block the 16
 // rows' 16 bytes (byte j holds code j in its low nibble, code j + 16 in its high one, as the file

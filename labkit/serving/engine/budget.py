@@ -50,7 +50,9 @@ drafts but none was kept, the one among them that waited longest verifies one, s
 α stays measured. A rejected probe doubles the wait before the next (up to 8 × `probe_every`), an
 accepted one sets it back: a drafter that is rarely right (a head on text it does not predict) is
 probed less and less, since every probe costs a verified token and, for a head, its drafting.
-A single request whose α has fallen is not probed while others draft.
+A single request whose α has fallen is not probed while others draft. The pooled acceptance (a new request's
+starting α) is a mean over the engine's whole life, never decayed: on a long-running server it moves slowly, while
+each request's own average takes over from its first verification.
 """
 from __future__ import annotations
 

@@ -16,6 +16,10 @@ drafter's hook keeps for the whole pass) are kept per request until the next dra
 - **Medusa** reads the last hidden state alone.
 
 Drafts are greedy over the head's vocabulary; verification is the engine's, so replies are the target's.
+A request admitted on cached prefix blocks (the engine's prefix cache) computes no hidden state for the cached
+positions: its MTP cache starts after them, so the head drafts without the prefix in view and may draft other
+tokens than it would for the request alone. That moves acceptance, never a reply. A request aborted while the
+engine is idle keeps its state until the next pass ends (`settle`).
 """
 from __future__ import annotations
 
