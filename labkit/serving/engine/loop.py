@@ -1,9 +1,8 @@
 """The engine: a scheduler, a packed paged KV cache and a model, stepping together.
 
-Each `step()` asks the scheduler for rows, packs their next tokens into one row of ids,
-runs the model once over the `PagedBatch` (`labkit.kvcache.batch`), and gives every
-request that has caught up its next token (sampled with its own parameters and seed).
-Finished requests free their blocks at once, so the next step can admit someone new.
+Each `step()` asks the scheduler for rows, packs their next tokens into one row of ids, runs the model once over
+the `PagedBatch` (`labkit.kvcache.batch`), and gives every request that has caught up its next token (sampled
+with its own parameters and seed). Finished requests free their blocks at once, so the next step can admit someone.
 
 `replay(requests)` runs a trace on a *measured virtual clock*: it advances by each step's real wall
 time and jumps over idle gaps to the next arrival, so a trace with long pauses runs in seconds.
@@ -40,10 +39,9 @@ log = logging.getLogger("labkit.serving")
 class Engine:
     """Serve `model` with a `policy` ("static", "continuous", "orca" or "chunked", see `labkit.serving.engine.scheduler`).
 
-    The KV pool holds `num_blocks` blocks of `block_size` tokens (default: room for
-    `max_batch` requests of the whole context). `prefix_cache` (on by default, as in vLLM and
-    nano-vllm): every full block a request computes is kept under the hash of its tokens, and a
-    later request that starts with the same blocks reuses them instead of prefilling them again.
+    The KV pool holds `num_blocks` blocks of `block_size` tokens (default: room for `max_batch` requests of the whole
+    context). `prefix_cache` (on by default, as in vLLM and nano-vllm): every full block a request computes is kept
+    under the hash of its tokens, and a later request that starts with the same blocks reuses them.
 
     `drafter` (a `labkit.speculative` drafter, e.g. `PromptLookup()`) turns speculation on, with
     `spec_budget` deciding per pass how many drafted tokens each request verifies ("off", "fixed:N",
@@ -116,13 +114,11 @@ class Engine:
     def step(self, now: float = 0.0, draining: bool = False, clock=None) -> Step | None:
         """Run one pass at time `now`; return it (None when nothing could run).
 
-        The whole step is timed, in parts (`Step.parts`): scheduling (prompt lookup's drafting with it), a head's
-        drafting, the pass, verification and sampling, emitting. Its tokens are given at `now` + that whole time (with `pass_time`, the
-        pass's part is its modelled cost and, when `host_time`, the other parts are this machine's
-        measured work), or at `clock()` after the work when a clock is given.
-        If the pass itself fails, `PassFailed` names its requests (the caller decides their fate);
-        a request whose own sampling fails (bad parameters for these logits) ends alone, with
-        finish_reason "rejected", and the pass goes on for the others.
+        The whole step is timed, in parts (`Step.parts`): scheduling, drafting, the pass, verification and sampling,
+        emitting. Its tokens are given at `_end`'s time, or at `clock()` after the work when a clock is given.
+        If the pass itself fails, `PassFailed` names its requests (the caller decides their fate); a request whose
+        own sampling fails (bad parameters for these logits) ends alone, finish_reason "rejected", and the pass goes
+        on for the others.
         """
         sw = Stopwatch()
         with sw.whole():
