@@ -20,12 +20,13 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --port $(PORT) notebooks/00_welcome.ipynb $(LAB_ARGS)
 
 # The suite on TEST_WORKERS processes (pytest-xdist, a file's tests on one worker), each on one thread: on 2 cores
-# about two thirds of one process's time. The chapters' outputs reproduce with one thread (make test-portable's
-# first run checks it); TEST_WORKERS=0 runs everything in this process (still one thread).
+# about two thirds of one process's time; `labkit` for its docstrings' examples (--doctest-modules). The chapters'
+# outputs reproduce with one thread (make test-portable's first run checks it); TEST_WORKERS=0 runs everything in
+# this process (still one thread).
 TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/labkit bench --check
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/pytest tests notebooks $(NBVAL_FLAGS) \
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/pytest tests notebooks labkit --doctest-modules $(NBVAL_FLAGS) \
 		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: setup

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import importlib
 
+from labkit import threads as _threads
+
 __version__ = "0.1.0"
+_threads.apply()  # before torch starts its thread pool: how many threads, on a CPU other programs share
 
 # public name -> module that defines it
 _LAZY = {

@@ -128,6 +128,9 @@ def machine_lines(seconds: float = 1.0) -> list[str]:
         from labkit.costmodel import measure as hwmeasure
 
         lines[0] += f", torch uses {hwmeasure.cpu_threads()} threads"
+        from labkit import threads
+
+        lines.append(f"[INFO] threads: {threads.status()}")
         bw = hwmeasure.copy_bandwidth_gb_s(seconds=seconds)
         lines.append(f"[INFO] memory bandwidth (copy test, {seconds:.0f} s): {bw:.1f} GB/s")
     except ImportError:

@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from labkit import doctor
+from labkit import doctor, threads
 from labkit.data import files as datafiles
 from tests.conftest import ROOT, python_env
 
@@ -54,7 +54,8 @@ def test_doctor_without_the_gemma_package_names_its_install_command(monkeypatch)
 def test_doctor_measures_this_machine(capsys):
     lines = doctor.machine_lines(seconds=0.1)
     assert "logical cores" in lines[0]
-    assert "GB/s" in lines[1]
+    assert lines[1] == f"[INFO] threads: {threads.status()}" and "not chosen" not in lines[1]
+    assert "GB/s" in lines[2]
 
 
 def test_missing_package_is_a_failure_with_its_fix():

@@ -198,7 +198,10 @@ def remake(names=None, log_dir: Path | None = None, out=print, force: bool = Fal
         before = code_record(entry.sources)
         start = now()
         with open(log, "w") as f:
-            env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+            # torch's own thread count, whatever else the machine runs (labkit.threads): the stored figures are a
+            # quiet machine's, and a bench that measures a busy one chooses for its own workers
+            env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                   "LABKIT_THREADS": "all"}
             code = subprocess.call(cmd, shell=True, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
         minutes = (now() - start) / 60
         if code != 0 or not tmp.is_file():

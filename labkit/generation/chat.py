@@ -1,12 +1,13 @@
 """A multi-turn conversation with a chat model: the history is re-rendered with the
 tokenizer's chat template (ChatML for SmolLM2) and the whole prompt is prefilled each turn.
 
-    >>> model, tok = labkit.load("smollm2-135m")                    # doctest: +SKIP
-    >>> chat = Chat(model, tok)
-    >>> chat.send("What is the capital of France?").text            # doctest: +SKIP
-    'The capital of France is Paris.'
-    >>> chat.messages[-1]["role"]                                   # doctest: +SKIP
-    'assistant'
+    >>> import labkit
+    >>> model, tok = labkit.load("smollm2-135m")
+    >>> chat = Chat(model, tok, max_new_tokens=16)
+    >>> "Paris" in chat.send("What is the capital of France?").text
+    True
+    >>> [m["role"] for m in chat.messages]
+    ['user', 'assistant']
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ rounding, not bit for bit (tests: greedy tokens equal, logits within 1e-4 relati
 programs are cached on disk under `.build/inductor`, so a second process starts warm.
 
     >>> model.compile_step()                                   # doctest: +SKIP
-    >>> model.step(ids, cache)  # a one-token step on a contiguous cache: the compiled program
+    >>> model.step(ids, cache)  # a one-token step on a contiguous cache: the compiled program  # doctest: +SKIP
 """
 from __future__ import annotations
 

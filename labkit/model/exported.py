@@ -29,7 +29,7 @@ and, for the multi-token programs, the pass's length. What runs eagerly, and why
 `CompiledStep.eager_reason`'s list.
 
     >>> model.export_step()                                  # doctest: +SKIP
-    >>> model.step(ids, cache)  # a one-token step on a contiguous cache: the exported program
+    >>> model.step(ids, cache)  # a one-token step on a contiguous cache: the exported program  # doctest: +SKIP
 """
 from __future__ import annotations
 

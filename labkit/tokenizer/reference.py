@@ -9,8 +9,11 @@
 
 Both packages are test dependencies (`pip install -e '.[test]'`), not needed to use the lab.
 
-    >>> enc = tiktoken_encoding(tok)                                   # doctest: +SKIP
-    >>> enc.encode_ordinary(text) == tok.encode(text, allowed_special="none")
+    >>> from labkit.data import paths
+    >>> from labkit.tokenizer.gguf import from_gguf
+    >>> tok = from_gguf(paths.smollm2_gguf_path())
+    >>> text = "Prefill reads 1,024 tokens\\n\\n2. then decode writes one at a time."
+    >>> tiktoken_encoding(tok).encode_ordinary(text) == tok.encode(text, allowed_special="none")
     True
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ A model whose layers carry a loss of their own (`Transformer.auxiliary_loss`: th
 compressed attention, `labkit.model.compressed`) adds it; the curve logs it as `index_kl`.
 
     >>> record = train(model, settings, train_ids, val_ids)          # doctest: +SKIP
-    >>> record["val"][-1]                                             # {'step': ..., 'val_loss': ...}
+    >>> record["val"][-1]  # {'step': ..., 'val_loss': ...}          # doctest: +SKIP
 """
 from __future__ import annotations
 
