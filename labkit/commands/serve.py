@@ -99,6 +99,7 @@ def port_taken(host: str, port: int) -> bool:
 
 def run(args, ready=None) -> int:
     import labkit
+    from labkit import threads
     from labkit.serving.http.server import Server
 
     if args.spec_budget is not None and args.speculative is None:
@@ -124,14 +125,16 @@ def run(args, ready=None) -> int:
                     token_budget=args.token_budget, block_size=args.block_size, num_blocks=args.kv_blocks,
                     prefix_cache=args.prefix_cache, drafter=drafter, spec_budget=args.spec_budget)
     url = server.start()
-    budget = args.spec_budget or "auto"
-    print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
-          f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}"
-          f"{f', speculation {args.speculative} ({budget})' if drafter else ''}) at {url}", flush=True)
-    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
-          f"-d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'", flush=True)
     stop = ready if ready is not None else threading.Event()
-    try:
+    try:  # from here on a ctrl-c, however early, stops the engine's thread (it would keep the process alive)
+        budget = args.spec_budget or "auto"
+        print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
+              f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}"
+              f"{f', speculation {args.speculative} ({budget})' if drafter else ''}) at {url}", flush=True)
+        print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+              f"-d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
+              flush=True)
+        print(f"  threads: {threads.status()}", flush=True)
         stop.wait()
     except KeyboardInterrupt:
         pass
