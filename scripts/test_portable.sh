@@ -3,10 +3,11 @@
 # nbval in two environments that change the floating-point path:
 #   1. one thread (OMP_NUM_THREADS=1): other reduction splits in the BLAS and in labkit's own products;
 #   2. a busy CPU: a background process keeps one core loaded (started and stopped here, by PID,
-#      bounded in time), as on a laptop with other programs running, and labkit chooses its threads as it
-#      does for a learner (`labkit.threads`: at `import labkit` it sees the busy core and runs on the free
-#      ones; torch's own count, whose threads spin at barriers for a descheduled partner, made a chapter
-#      8-12x slower: a GPTQ run 8 s quiet, 67 s busy). The run has a time limit (PORTABLE_BUSY_LIMIT_S).
+#      bounded in time), as on a laptop with other programs running, with torch's own thread count
+#      (LABKIT_THREADS=all: labkit would otherwise run on the free core alone, which run 1 covers): its
+#      threads' reductions split as on the machine that executed the chapters. Threads that spin at a
+#      barrier for a descheduled partner made a chapter 8-12x slower (a GPTQ run 8 s quiet, 67 s busy), so
+#      this run lets them sleep (OMP_WAIT_POLICY=PASSIVE: 18 s busy), within PORTABLE_BUSY_LIMIT_S.
 #   3. an AVX2 CPU (no AVX-512, VNNI, AMX or native bf16), emulated: ATen, MKL and oneDNN capped at AVX2;
 #   4. no SIMD in ATen's own kernels (`default`; MKL at SSE4.2, oneDNN at SSE4.1): for correctness only,
 #      some chapters run several times slower there.
@@ -37,7 +38,7 @@ timeout "$((limit + 30))" "$VENV/bin/python" -c "while True: pass" &
 busy=$!
 trap 'kill "$busy" 2>/dev/null || true; wait "$busy" 2>/dev/null || true' EXIT
 rc=0
-env -u OMP_NUM_THREADS -u MKL_NUM_THREADS -u LABKIT_THREADS timeout "$limit" "$VENV/bin/pytest" "${flags[@]}" "${chapters[@]}" || rc=$?
+env -u OMP_NUM_THREADS -u MKL_NUM_THREADS LABKIT_THREADS=all OMP_WAIT_POLICY=PASSIVE timeout "$limit" "$VENV/bin/pytest" "${flags[@]}" "${chapters[@]}" || rc=$?
 kill "$busy" 2>/dev/null || true
 if [ "$rc" -eq 124 ]; then
     echo "portable 2/4: the busy-core run passed its limit of ${limit} s (PORTABLE_BUSY_LIMIT_S)" >&2

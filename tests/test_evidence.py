@@ -54,7 +54,7 @@ def test_status_says_fresh_older_code_no_record_and_missing(tmp_path, monkeypatc
     assert state == "older code" and "labkit/measure/provenance.py (changed)" in why
     lines = []
     assert evidence.check(tmp_path, out=lines.append, pending={}) == 1
-    assert any("re-make it: echo data/tiny.json" in line for line in lines)
+    assert any("re-make it: LABKIT_THREADS=all echo data/tiny.json" in line for line in lines)
     assert evidence.check(tmp_path, out=lines.append, pending={"tiny.json": "later"}) == 0  # pending: reported only
     assert any(line.startswith("pending") for line in lines)
     (tmp_path / "tiny.json").write_text(json.dumps(evidence.stamp({"results": {}}, tmp_path / "tiny.json", command="e")))

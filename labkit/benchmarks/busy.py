@@ -35,7 +35,17 @@ def _busy_core() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
 
 
-def _condition(busy: bool, ids: list[int], n: int, rounds: int) -> dict:
+def _sides() -> tuple[dict, str | None]:
+    """The sides this machine can run, and why llama.cpp is left out (None: it is in)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return {k: v for k, v in SIDES.items() if v["side"] != "llama.cpp"}, \
+            "llama-cpp-python is not installed (pip install -e '.[peers]')"
+    return SIDES, None
+
+
+def _condition(busy: bool, ids: list[int], n: int, rounds: int, sides: dict) -> dict:
     """One run of every side under both policies (each its own worker), with or without a busy core."""
     from labkit import threads
     from labkit.benchmarks import workers
@@ -45,7 +55,7 @@ def _condition(busy: bool, ids: list[int], n: int, rounds: int) -> dict:
         chosen = threads.choose({threads.VARIABLE: "auto"})  # what a worker's `import labkit` sees now
         procs = {}
         try:
-            for side, spec in SIDES.items():
+            for side, spec in sides.items():
                 for policy, value in POLICIES.items():
                     procs[f"{side}, {policy}"] = workers.Worker(spec, env={threads.VARIABLE: value})
             run = workers.alternate(procs, ids, n, rounds=rounds, warmup=1)
@@ -73,20 +83,24 @@ def run(quick: bool = False) -> dict:
     ids = tok.encode(PROMPT)
     n, rounds = (16, 4) if quick else (32, 8)
     print(f"  {describe()}\n  {n} tokens a round, {rounds} rounds after 1 warm-up, every side in its own process")
-    out: dict = {"cpu": describe(), "tokens": n, "rounds": rounds}
+    sides, why = _sides()
+    if why:
+        print(f"  (no llama.cpp rows: {why})")
+    out: dict = {"cpu": describe(), "tokens": n, "rounds": rounds, "llama_cpp": why}
     runs = {}
     for busy in (False, True):
         name = "one core busy" if busy else "quiet"
-        got = _condition(busy, ids, n, rounds)
+        got = _condition(busy, ids, n, rounds, sides)
         runs[name] = got["run"]
-        print(f"  {name}: labkit's choice in a worker started now: {got['chosen'].why}")
+        print(f"  {name}: labkit's choice, sampled in this process as each worker's `import labkit` samples it "
+              f"(the workers do not report theirs): {got['chosen'].why}")
         for side, t in got["run"].timings.items():
             print(f"    {side:40s} {1 / t.median:7.1f} tok/s (IQR {t.iqr / t.median:.0%})")
         out[name] = {"run": got["run"].as_dict(), "threads": got["chosen"].threads, "why": got["chosen"].why,
                      "tok_s": {side: 1 / t.median for side, t in got["run"].timings.items()}}
     out["claims"] = {}
     print("  busy / quiet speed (unpaired: separate runs), and what labkit chose on the quiet machine:")
-    for side in SIDES:
+    for side in sides:
         for policy in POLICIES:
             key = f"{side}, {policy}"
             c = measure.compare(runs["one core busy"][key], runs["quiet"][key], names=("busy", "quiet"))

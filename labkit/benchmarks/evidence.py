@@ -115,6 +115,7 @@ def _peers() -> dict:
 def stamp(report: dict, path, command: str | None = None) -> dict:
     """`report` with its `provenance` record (module docstring) for the file `path`; sources and protocol from
     `STORED` when the file is one of its names, else the whole `labkit/` package."""
+    from labkit import threads
     from labkit.measure.cpu import cpu_info
 
     entry = STORED.get(Path(path).name)
@@ -127,6 +128,7 @@ def stamp(report: dict, path, command: str | None = None) -> dict:
         "peers": _peers(),
         "inputs": {f: _sha(ROOT / "data" / f) for f in (entry.inputs if entry else ())},
         "code": code_record(sources),
+        "threads": threads.status(),  # the thread count the bench ran on, and why (labkit.threads)
     }
     return report
 
@@ -169,7 +171,8 @@ def check(data_dir: Path | None = None, out=print, pending: dict | None = None) 
         out(f"{state:10s} data/{name} (chapters {', '.join(entry.chapters)}): {why}")
         if state != "fresh":
             bad += 1
-            out(f"           re-make it: {entry.command.format(out='data/' + name)}   (or: make evidence)")
+            out(f"           re-make it: LABKIT_THREADS=all {entry.command.format(out='data/' + name)}   (or: make "
+                "evidence)")
     fresh = len(STORED) - waiting - sum(1 for n in STORED if n not in pending and status(n, data_dir)[0] != "fresh")
     out(f"{fresh} of {len(STORED)} stored files fresh, {waiting} pending" + ("; NOT all checked files fresh" if bad else ""))
     return 1 if bad else 0

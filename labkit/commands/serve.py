@@ -124,9 +124,9 @@ def run(args, ready=None) -> int:
                     max_tokens_limit=args.max_tokens_limit, policy=args.policy, max_batch=args.max_batch,
                     token_budget=args.token_budget, block_size=args.block_size, num_blocks=args.kv_blocks,
                     prefix_cache=args.prefix_cache, drafter=drafter, spec_budget=args.spec_budget)
-    url = server.start()
     stop = ready if ready is not None else threading.Event()
-    try:  # from here on a ctrl-c, however early, stops the engine's thread (it would keep the process alive)
+    try:  # a ctrl-c, however early, stops the engine's thread (it would keep the process alive)
+        url = server.start()
         budget = args.spec_budget or "auto"
         print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
               f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}"
