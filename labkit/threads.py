@@ -12,8 +12,8 @@ What labkit does (`choose`): at `import labkit` it samples how many of this proc
 keep busy (twice, `SAMPLE_S` each, keeping the smaller: a blip does not count), and when fewer are free than
 torch would use, it runs on the free ones (at least one). A team that fits the free cores never waits for a
 descheduled partner. On a quiet machine it changes nothing. It leaves the wait policy alone: letting
-threads sleep at once (`OMP_WAIT_POLICY=PASSIVE`) wakes the team at every region, which in a one-off run on
-a 2-core Zen 4 slowed quiet decode on labkit's kernels to about half (not a stored bench; untested elsewhere).
+threads sleep at once (`OMP_WAIT_POLICY=PASSIVE`) wakes the team at every region, which slowed quiet decode on
+labkit's kernels in a one-off run (not a stored bench: untested as a claim).
 
 It chooses only when you did not: `OMP_NUM_THREADS` or `MKL_NUM_THREADS` set by you, or `LABKIT_THREADS`
 (`auto`, the default; `all`: torch's own count; or a number) decide instead. The choice is made once, when
