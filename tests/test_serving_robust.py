@@ -276,6 +276,11 @@ def test_labkit_serve_smollm2_starts_small_answers_and_stops_on_ctrl_c():
             assert json.loads(resp.read())["choices"][0]["message"]["content"]
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)  # stopping joins two threads (up to 10 s each) under load
+        try:
+            out, err = proc.communicate(timeout=60)  # stopping joins two threads (up to 10 s each) under load
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"labkit serve did not stop within 60 s of a ctrl-c; it printed {out[-500:]!r}, {err[-2000:]!r}")
     assert proc.returncode == 0, err
     assert "stopped" in out

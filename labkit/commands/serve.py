@@ -1,6 +1,7 @@
 """`labkit serve --model NAME`: an OpenAI-compatible API (chat and completions) on 127.0.0.1 (Ctrl-C stops it)."""
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -141,4 +142,11 @@ def run(args, ready=None) -> int:
     finally:
         server.stop()
         print("stopped", flush=True)
+    if ready is None:  # the command itself: after a stop nothing may keep the process alive
+        left = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+        if left:  # a thread that never ends would hold the interpreter's exit forever: name it, and exit
+            print(f"labkit serve: threads still running after the stop ({', '.join(left)}); exiting anyway",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(0)
     return 0
