@@ -126,6 +126,11 @@ def run(args, ready=None) -> int:
                     token_budget=args.token_budget, block_size=args.block_size, num_blocks=args.kv_blocks,
                     prefix_cache=args.prefix_cache, drafter=drafter, spec_budget=args.spec_budget)
     stop = ready if ready is not None else threading.Event()
+    if ready is None and threading.current_thread() is threading.main_thread():
+        import signal  # ctrl-c and a plain kill stop the server, even where the parent process ignored them (a
+        # child inherits an ignored SIGINT, and Python then leaves it ignored: a pytest-xdist worker, a `cmd &`)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:  # a ctrl-c, however early, stops the engine's thread (it would keep the process alive)
         url = server.start()
         budget = args.spec_budget or "auto"
