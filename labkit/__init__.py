@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import importlib
 
-from labkit import threads as _threads
+from labkit import _loaded
+
+_loaded.install()  # first: a stored file's record names the sources its run loaded (labkit._loaded, LABKIT_LOADED_LOG)
+from labkit import threads as _threads  # noqa: E402
 
 __version__ = "0.1.0"
 _threads.apply()  # before torch starts its thread pool: how many threads, on a CPU other programs share

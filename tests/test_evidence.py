@@ -133,3 +133,64 @@ def test_the_peer_table_sets_the_same_file_side_against_llama_cpp_at_the_process
     assert row["labkit"] == "Q4_1 (GGUF)"  # the side named in advance, not the fastest
     assert row["rounds"] == 6 and row["processes"] == 6  # the interval is from the 6 process-level medians
     assert row["compare"].verdict in ("same within margin", "inconclusive")
+
+
+def test_the_loaded_log_names_what_a_process_and_its_children_imported_and_nothing_without_it(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from labkit import _loaded
+
+    log = tmp_path / "loaded"
+    code = ("import subprocess, sys, labkit.measure.clock; "
+            "subprocess.run([sys.executable, '-m', 'labkit.measure.provenance'], capture_output=True)")
+    env = {**os.environ, _loaded.ENV: str(log)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path)
+    got = _loaded.read(log)
+    # the parent's import, announced before labkit itself ran; the child's module run by -m (no import event)
+    assert {"labkit/__init__.py", "labkit/measure/__init__.py", "labkit/measure/clock.py",
+            "labkit/measure/provenance.py"} <= got
+    assert not any(f.startswith(("labkit/serving", "labkit/model", "labkit/quant")) for f in got)
+    assert _loaded.module_files("labkit.quant.native")[1:] and all(
+        f.startswith("labkit/quant/csrc/") for f in _loaded.module_files("labkit.quant.native")[1:])
+    assert _loaded.module_files("json") == [] and _loaded.module_files("labkit.no_such") == []
+    env.pop(_loaded.ENV)
+    log.unlink()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path)
+    assert not log.exists()
+
+
+def test_a_scoped_record_is_compared_on_its_own_files_and_a_file_it_never_loaded_cannot_stale_it():
+    whole = {"files": {"a.py": "1", "b.py": "2", "c.cpp": "3"}}
+    rec = provenance.scoped(whole, {"a.py", "c.cpp", "other.py"})
+    assert rec["scope"] == "loaded" and set(rec["files"]) == {"a.py", "c.cpp"}
+    assert provenance.outdated(rec, {"files": {**whole["files"], "b.py": "9", "new.py": "4"}}) == []
+    assert provenance.outdated(rec, {"files": {**whole["files"], "c.cpp": "9"}}) == ["c.cpp (changed)"]
+    assert provenance.outdated(rec, {"files": {"b.py": "2", "c.cpp": "3"}}) == ["a.py (gone)"]
+    # an unscoped record: every declared file counts, as before
+    assert provenance.outdated(whole, {"files": {**whole["files"], "b.py": "9"}}) == ["b.py (changed)"]
+    assert provenance.outdated(whole, {"files": {**whole["files"], "new.py": "4"}}) == ["new.py (new)"]
+    with pytest.raises(ValueError, match="none of the record's 3 files"):
+        provenance.scoped(whole, set())
+    kept, said = provenance.scope_or_keep(whole, set())
+    assert kept is whole and "keep the whole record" in said
+
+
+def test_remake_records_only_the_declared_sources_its_run_loaded(tmp_path, monkeypatch):
+    import labkit.data.files
+
+    command = ("python -c \"import json, subprocess, sys, labkit.measure.clock; "
+               "subprocess.run([sys.executable, '-c', 'import labkit.measure.stats']); "
+               "json.dump({{'results': {{}}, 'provenance': {{}}}}, open(sys.argv[1], 'w'))\" {out}")
+    sources = ("labkit/measure/clock.py", "labkit/measure/stats.py", "labkit/serving/__init__.py")
+    monkeypatch.setattr(evidence, "STORED", {"tiny.json": evidence.Stored("tiny.json", command, sources, ("00",), "x")})
+    monkeypatch.setattr(evidence, "ROOT", tmp_path)
+    monkeypatch.setattr(labkit.data.files, "write_sums", lambda: None)
+    (tmp_path / "data").mkdir()
+    lines = []
+    assert evidence.remake(["tiny.json"], log_dir=tmp_path / "logs", out=lambda *a, **k: lines.append(a[0])) == 0
+    rec = json.loads((tmp_path / "data" / "tiny.json").read_text())["provenance"]["code"]
+    assert rec["scope"] == "loaded" and set(rec["files"]) == {"labkit/measure/clock.py", "labkit/measure/stats.py"}
+    assert any("2 of 3 declared source files" in line for line in lines)
+    assert evidence.status("tiny.json", tmp_path / "data")[0] == "fresh"

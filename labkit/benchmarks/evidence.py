@@ -1,21 +1,22 @@
 """The stored evidence: every file in `data/` a chapter reads, what makes it, and whether today's code made it.
 
-Each file a bench writes carries a `provenance` record (`stamp`): the command that made it, the
-protocol (rounds, processes, warm-up, as the bench states it), the CPU, the peers it ran beside
-(llama.cpp's version and `llama_print_system_info()`), the data files it read (their SHA-256) and a
-**code record** (`labkit.measure.provenance.code_record`) over the sources that determine its figures.
+Each file a bench writes carries a `provenance` record (`stamp`): the command that made it, the protocol (rounds,
+processes, warm-up, as the bench states it), the CPU, the peers it ran beside (llama.cpp's version and
+`llama_print_system_info()`), the data files it read (their SHA-256) and a **code record**
+(`labkit.measure.provenance.code_record`) over the sources that determine its figures: its declared `sources`,
+and once re-made by `run`, only those some process of its run imported (`labkit._loaded`), so that a change to
+code the bench never ran leaves the file fresh.
 
     python -m labkit.benchmarks.evidence check    # = labkit bench --check: fresh / made by older code / no record
     python -m labkit.benchmarks.evidence run      # = make evidence: re-make every file that is not fresh
 
 `check` exits nonzero when a file a chapter reads is not fresh and names the command that re-makes it.
-The one exception is `PENDING`: files not yet re-made since provenance records began, each with why.
-`check` prints them as pending and fails the moment one of them carries a fresh record (take it off
-the list) or leaves the registry; the list only shrinks.
-`run` re-makes the stale files one after another, each bench in its own process (its own worker
-processes inside), writing each file to `.build/evidence/` first and moving it into `data/` only when
-the bench finished: a killed run leaves every file whole, and the next `run` starts at the first file
-that is still stale (resumable). Its progress goes to the terminal, each bench's output to a log.
+The one exception is `PENDING`: files not yet re-made since provenance records began, each with why. `check` prints
+them as pending and fails the moment one of them carries a fresh record (take it off the list) or leaves the
+registry; the list only shrinks. `run` re-makes the stale files one after another, each bench in its own process
+(its own worker processes inside), writing each file to `.build/evidence/` first and moving it into `data/` only
+when the bench finished: a killed run leaves every file whole, and the next `run` starts at the first file that is
+still stale (resumable). Its progress goes to the terminal, each bench's output to a log.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit import _loaded
 from labkit.measure.clock import now
-from labkit.measure.provenance import ROOT, changed, code_record
+from labkit.measure.provenance import ROOT, code_record, outdated, scope_or_keep
 
 __all__ = ["Stored", "STORED", "stamp", "status", "check", "remake", "main", "load", "made_by", "decode_runs",
            "peer_table", "DECODE_RUNS", "SAME_FILE", "PEER"]
@@ -97,8 +99,7 @@ STORED = {s.file: s for s in (
 )}
 
 
-# stored files not yet re-made by today's code (no record yet), with why: `check` reports them, `make evidence` re-makes
-# them; a session that re-makes one takes it off this list (a fresh file still listed fails the check)
+# stored files not yet re-made by today's code (no record yet), with why (module docstring)
 PENDING: dict = {}
 
 
@@ -142,7 +143,7 @@ def status(name: str, data_dir: Path | None = None) -> tuple[str, str]:
     rec = json.loads(path.read_text()).get("provenance")
     if not rec or "code" not in rec:
         return "no record", "the file does not record which code made it"
-    moved = changed(rec["code"], code_record(entry.sources))
+    moved = outdated(rec["code"], code_record(entry.sources))
     moved += [f"data/{f} (re-made since)" for f, sha in rec.get("inputs", {}).items()
               if not (ROOT / "data" / f).is_file() or _sha(ROOT / "data" / f) != sha]
     moved += [f"data/{f} (read, not recorded)" for f in entry.inputs if f not in rec.get("inputs", {})]
@@ -195,7 +196,8 @@ def remake(names=None, log_dir: Path | None = None, out=print, force: bool = Fal
         if state == "fresh" and not force:
             out(f"[{i}/{len(names)}] data/{name}: fresh, kept")
             continue
-        entry, tmp, log = STORED[name], log_dir / name, log_dir / (name + ".log")
+        entry, tmp, log, loaded_log = STORED[name], log_dir / name, *(log_dir / (name + x) for x in (".log", ".loaded"))
+        loaded_log.write_text("")
         cmd = entry.command.format(out=shlex.quote(str(tmp)))
         out(f"[{i}/{len(names)}] data/{name}: {state}; running (about {entry.minutes} min; log {log})", flush=True)
         before = code_record(entry.sources)
@@ -204,7 +206,7 @@ def remake(names=None, log_dir: Path | None = None, out=print, force: bool = Fal
             # torch's own thread count, whatever else the machine runs (labkit.threads): the stored figures are a
             # quiet machine's, and a bench that measures a busy one chooses for its own workers
             env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                   "LABKIT_THREADS": "all"}
+                   "LABKIT_THREADS": "all", _loaded.ENV: str(loaded_log)}
             code = subprocess.call(cmd, shell=True, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
         minutes = (now() - start) / 60
         if code != 0 or not tmp.is_file():
@@ -216,6 +218,9 @@ def remake(names=None, log_dir: Path | None = None, out=print, force: bool = Fal
             report["provenance"]["code"] = before
             out(f"      the code it measures changed during the run: data/{name} is recorded as made by the code "
                 "at its start (stale now)")
+        else:  # scoped to the declared sources some process of its run loaded (labkit._loaded)
+            report["provenance"]["code"], said = scope_or_keep(before, _loaded.read(loaded_log))
+            out(f"      {said}")
         report["provenance"]["command"] = entry.command.format(out=f"data/{name}")
         report["provenance"]["wall_s"] = minutes * 60
         (ROOT / "data" / name).write_text(json.dumps(report, default=float) + "\n")
@@ -225,7 +230,6 @@ def remake(names=None, log_dir: Path | None = None, out=print, force: bool = Fal
     return 1 if failed else 0
 
 
-# where each stored file keeps its decode run (each side in its own worker process, rounds alternating)
 # each stored decode run, where it sits in the file, and the labkit side set against llama.cpp: the one that runs the
 # same GGUF file's Q4_1 blocks (named in advance, not picked as the fastest: no winner's curse)
 DECODE_RUNS = {"step_bench.json": ("step", "tok_s_run"), "compiled_bench.json": ("compiled", "tok_s_run"),

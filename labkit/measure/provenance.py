@@ -13,6 +13,12 @@ that determines the figure, a digest of what the code *does*, not of how it is w
 every `.py`, `.cpp`, `.h` file under it) and returns {"digest": ..., "files": {path: digest}};
 `changed(stored, now)` names the files whose digest moved, appeared or went.
 
+A record can be **scoped** to the files a run loaded (`scoped(record, loaded)`, with `loaded` from
+`labkit._loaded`: the sources any process of the run imported): it keeps only those files and says
+`"scope": "loaded"`. `outdated(stored, now)` compares a scoped record on its own files only (a file
+that appeared since cannot have made the figures: for a run to load it, a file it did load must have
+changed to import it); an unscoped record on every declared file.
+
     >>> a = _python_digest("def f(x):\\n    '''doc'''\\n    return x + 1  # one\\n")
     >>> a == _python_digest("def f(x):\\n    '''another doc'''\\n    return x + 1\\n")
     True
@@ -26,7 +32,7 @@ import hashlib
 import re
 from pathlib import Path
 
-__all__ = ["ROOT", "code_record", "changed", "source_files"]
+__all__ = ["ROOT", "code_record", "changed", "source_files", "scoped", "scope_or_keep", "outdated"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: labkit/ and data/ are in it
 SUFFIXES = (".py", ".cpp", ".h")
@@ -75,8 +81,7 @@ def code_record(sources) -> dict:
     for rel in source_files(sources):
         text = (ROOT / rel).read_text()
         files[rel] = _python_digest(text) if rel.endswith(".py") else _c_digest(text)
-    whole = hashlib.sha256("".join(f"{k}:{v}\n" for k, v in files.items()).encode()).hexdigest()[:16]
-    return {"digest": whole, "files": files}
+    return {"digest": _digest_of(files), "files": files}
 
 
 def changed(stored: dict, now: dict) -> list[str]:
@@ -86,3 +91,34 @@ def changed(stored: dict, now: dict) -> list[str]:
     out += [f"{k} (new)" for k in sorted(set(b) - set(a))]
     out += [f"{k} (gone)" for k in sorted(set(a) - set(b))]
     return out
+
+
+def _digest_of(files: dict) -> str:
+    return hashlib.sha256("".join(f"{k}:{v}\n" for k, v in files.items()).encode()).hexdigest()[:16]
+
+
+def scoped(record: dict, loaded) -> dict:
+    """`record` (a `code_record`) kept to the files in `loaded`, marked `"scope": "loaded"`; ValueError when no
+    file of the record was loaded (a run that loaded none of its declared sources says its log is wrong)."""
+    files = {k: v for k, v in record["files"].items() if k in set(loaded)}
+    if not files:
+        raise ValueError(f"loaded names none of the record's {len(record['files'])} files: the run's log of loaded "
+                         "sources is empty or wrong; keep the whole record")
+    return {"digest": _digest_of(files), "files": files, "scope": "loaded"}
+
+
+def scope_or_keep(record: dict, loaded) -> tuple[dict, str]:
+    """(`scoped(record, loaded)`, a line saying how many files it keeps), or (`record`, why) when `loaded` names none
+    of its files: never a narrower record by mistake."""
+    try:
+        rec = scoped(record, loaded)
+    except ValueError as exc:
+        return record, str(exc)
+    return rec, f"its record: {len(rec['files'])} of {len(record['files'])} declared source files, those its run loaded"
+
+
+def outdated(stored: dict, now: dict) -> list[str]:
+    """`changed(stored, now)`, where a scoped `stored` record (`scoped`) is compared on its own files only."""
+    if stored.get("scope") == "loaded":
+        now = {"files": {k: v for k, v in now.get("files", {}).items() if k in stored.get("files", {})}}
+    return changed(stored, now)
