@@ -161,11 +161,14 @@ def test_the_loaded_log_names_what_a_process_and_its_children_imported_and_nothi
     assert not log.exists()
 
 
-def test_a_scoped_record_is_compared_on_its_own_files_and_a_file_it_never_loaded_cannot_stale_it():
+def test_a_scoped_record_is_compared_on_its_loaded_files_and_a_change_to_a_file_it_never_loaded_cannot_stale_it():
     whole = {"files": {"a.py": "1", "b.py": "2", "c.cpp": "3"}}
     rec = provenance.scoped(whole, {"a.py", "c.cpp", "other.py"})
     assert rec["scope"] == "loaded" and set(rec["files"]) == {"a.py", "c.cpp"}
-    assert provenance.outdated(rec, {"files": {**whole["files"], "b.py": "9", "new.py": "4"}}) == []
+    assert provenance.outdated(rec, {"files": {**whole["files"], "b.py": "9"}}) == []  # b.py never loaded
+    # a new file may be found by a package that imports its folder's modules: it counts
+    assert provenance.outdated(rec, {"files": {**whole["files"], "new.py": "4"}}) == ["new.py (new)"]
+    assert provenance.outdated(rec, {"files": {"a.py": "1", "c.cpp": "3"}}) == []  # b.py deleted: never loaded
     assert provenance.outdated(rec, {"files": {**whole["files"], "c.cpp": "9"}}) == ["c.cpp (changed)"]
     assert provenance.outdated(rec, {"files": {"b.py": "2", "c.cpp": "3"}}) == ["a.py (gone)"]
     # an unscoped record: every declared file counts, as before

@@ -14,16 +14,11 @@ every `.py`, `.cpp`, `.h` file under it) and returns {"digest": ..., "files": {p
 `changed(stored, now)` names the files whose digest moved, appeared or went.
 
 A record can be **scoped** to the files a run loaded (`scoped(record, loaded)`, with `loaded` from
-`labkit._loaded`: the sources any process of the run imported): it keeps only those files and says
-`"scope": "loaded"`. `outdated(stored, now)` compares a scoped record on its own files only (a file
-that appeared since cannot have made the figures: for a run to load it, a file it did load must have
-changed to import it); an unscoped record on every declared file.
-
-    >>> a = _python_digest("def f(x):\\n    '''doc'''\\n    return x + 1  # one\\n")
-    >>> a == _python_digest("def f(x):\\n    '''another doc'''\\n    return x + 1\\n")
-    True
-    >>> a == _python_digest("def f(x):\\n    return x + 2\\n")
-    False
+`labkit._loaded`: the sources any process of the run imported): it keeps the digests of those files
+only, the names of all the declared files, and says `"scope": "loaded"`. `outdated(stored, now)`
+compares a scoped record on its loaded files, and still counts a declared file that appeared since
+(a package may import what it finds in its folder, as `labkit.kvcache` does); an unscoped record on
+every declared file.
 """
 from __future__ import annotations
 
@@ -104,7 +99,7 @@ def scoped(record: dict, loaded) -> dict:
     if not files:
         raise ValueError(f"loaded names none of the record's {len(record['files'])} files: the run's log of loaded "
                          "sources is empty or wrong; keep the whole record")
-    return {"digest": _digest_of(files), "files": files, "scope": "loaded"}
+    return {"digest": _digest_of(files), "files": files, "scope": "loaded", "declared": sorted(record["files"])}
 
 
 def scope_or_keep(record: dict, loaded) -> tuple[dict, str]:
@@ -118,7 +113,10 @@ def scope_or_keep(record: dict, loaded) -> tuple[dict, str]:
 
 
 def outdated(stored: dict, now: dict) -> list[str]:
-    """`changed(stored, now)`, where a scoped `stored` record (`scoped`) is compared on its own files only."""
-    if stored.get("scope") == "loaded":
-        now = {"files": {k: v for k, v in now.get("files", {}).items() if k in stored.get("files", {})}}
-    return changed(stored, now)
+    """`changed(stored, now)`, where a scoped `stored` record (`scoped`) is compared on its loaded files, and a file
+    declared now that it did not declare counts as new."""
+    if stored.get("scope") != "loaded":
+        return changed(stored, now)
+    files, declared = now.get("files", {}), set(stored.get("declared", ()))
+    return (changed(stored, {"files": {k: v for k, v in files.items() if k in stored.get("files", {})}})
+            + [f"{k} (new)" for k in sorted(files) if k not in declared and k not in stored.get("files", {})])
