@@ -166,8 +166,10 @@ def test_a_scoped_record_is_compared_on_its_loaded_files_and_a_change_to_a_file_
     rec = provenance.scoped(whole, {"a.py", "c.cpp", "other.py"})
     assert rec["scope"] == "loaded" and set(rec["files"]) == {"a.py", "c.cpp"}
     assert provenance.outdated(rec, {"files": {**whole["files"], "b.py": "9"}}) == []  # b.py never loaded
-    # a new file may be found by a package that imports its folder's modules: it counts
-    assert provenance.outdated(rec, {"files": {**whole["files"], "new.py": "4"}}) == ["new.py (new)"]
+    # a new file counts where a package imports what it finds in its folder, nowhere else
+    assert provenance.outdated(rec, {"files": {**whole["files"], "labkit/kvcache/new.py": "4"}}) == [
+        "labkit/kvcache/new.py (new)"]
+    assert provenance.outdated(rec, {"files": {**whole["files"], "labkit/model/new.py": "4"}}) == []
     assert provenance.outdated(rec, {"files": {"a.py": "1", "c.cpp": "3"}}) == []  # b.py deleted: never loaded
     assert provenance.outdated(rec, {"files": {**whole["files"], "c.cpp": "9"}}) == ["c.cpp (changed)"]
     assert provenance.outdated(rec, {"files": {"b.py": "2", "c.cpp": "3"}}) == ["a.py (gone)"]
@@ -197,3 +199,20 @@ def test_remake_records_only_the_declared_sources_its_run_loaded(tmp_path, monke
     assert rec["scope"] == "loaded" and set(rec["files"]) == {"labkit/measure/clock.py", "labkit/measure/stats.py"}
     assert any("2 of 3 declared source files" in line for line in lines)
     assert evidence.status("tiny.json", tmp_path / "data")[0] == "fresh"
+
+
+def test_every_package_that_imports_what_it_finds_in_its_folder_is_listed_as_discovered():
+    found = set()
+    for path in (ROOT / "labkit").rglob("*.py"):
+        text = path.read_text()
+        for m in re.finditer(r"iter_modules\((\w+)\.__path__\)|iter_modules\(\[str\(Path\(__file__\)\.parent\)\]\)|"
+                             r"make_getattr\(__name__\)", text):
+            if m.group(1) == "package":  # labkit._collect: the packages that call make_getattr, found below
+                continue
+            if m.group(1) == "_commands":
+                found.add("labkit/commands/")
+            elif m.group(1) == "pkg":
+                found.add("labkit/benchmarks/")
+            else:
+                found.add(str(path.parent.relative_to(ROOT)) + "/")
+    assert found and found <= set(provenance.DISCOVERED), sorted(found - set(provenance.DISCOVERED))

@@ -214,13 +214,13 @@ def remake(names=None, log_dir: Path | None = None, out=print, force: bool = Fal
             out(f"      failed after {minutes:.1f} min (exit {code}); the stored file is unchanged; see {log}")
             continue
         report = json.loads(tmp.read_text())
-        if code_record(entry.sources) != before:  # the code changed while it ran: record what it ran, so it reads stale
-            report["provenance"]["code"] = before
-            out(f"      the code it measures changed during the run: data/{name} is recorded as made by the code "
-                "at its start (stale now)")
-        else:  # scoped to the declared sources some process of its run loaded (labkit._loaded)
-            report["provenance"]["code"], said = scope_or_keep(before, _loaded.read(loaded_log))
-            out(f"      {said}")
+        # scoped to the declared sources some process of its run loaded (labkit._loaded); if one of them changed
+        # while it ran, the record is the code at its start, so the file reads stale
+        report["provenance"]["code"], said = scope_or_keep(before, _loaded.read(loaded_log))
+        out(f"      {said}")
+        if outdated(report["provenance"]["code"], code_record(entry.sources)):
+            out(f"      the code it ran changed during the run: data/{name} is recorded as made by the code at its "
+                "start (stale now)")
         report["provenance"]["command"] = entry.command.format(out=f"data/{name}")
         report["provenance"]["wall_s"] = minutes * 60
         (ROOT / "data" / name).write_text(json.dumps(report, default=float) + "\n")

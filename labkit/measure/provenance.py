@@ -16,9 +16,10 @@ every `.py`, `.cpp`, `.h` file under it) and returns {"digest": ..., "files": {p
 A record can be **scoped** to the files a run loaded (`scoped(record, loaded)`, with `loaded` from
 `labkit._loaded`: the sources any process of the run imported): it keeps the digests of those files
 only, the names of all the declared files, and says `"scope": "loaded"`. `outdated(stored, now)`
-compares a scoped record on its loaded files, and still counts a declared file that appeared since
-(a package may import what it finds in its folder, as `labkit.kvcache` does); an unscoped record on
-every declared file.
+compares a scoped record on its loaded files, and still counts a declared file that appeared since in
+a folder whose package imports what it finds there (`DISCOVERED`: `labkit.kvcache` registers every
+cache kind in its folder); elsewhere a new file is loaded only by a file that changed to import it.
+An unscoped record is compared on every declared file.
 """
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ __all__ = ["ROOT", "code_record", "changed", "source_files", "scoped", "scope_or
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: labkit/ and data/ are in it
 SUFFIXES = (".py", ".cpp", ".h")
+# folders whose package imports every module it finds in them (pkgutil): a new file there may run unasked
+# (tests/test_evidence.py finds every such package in the source)
+DISCOVERED = ("labkit/kvcache/", "labkit/benchmarks/", "labkit/commands/", "labkit/exercises/", "labkit/viz/",
+              "labkit/widgets/")
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
@@ -114,9 +119,10 @@ def scope_or_keep(record: dict, loaded) -> tuple[dict, str]:
 
 def outdated(stored: dict, now: dict) -> list[str]:
     """`changed(stored, now)`, where a scoped `stored` record (`scoped`) is compared on its loaded files, and a file
-    declared now that it did not declare counts as new."""
+    declared now that it did not declare counts as new if it sits in a `DISCOVERED` folder."""
     if stored.get("scope") != "loaded":
         return changed(stored, now)
     files, declared = now.get("files", {}), set(stored.get("declared", ()))
     return (changed(stored, {"files": {k: v for k, v in files.items() if k in stored.get("files", {})}})
-            + [f"{k} (new)" for k in sorted(files) if k not in declared and k not in stored.get("files", {})])
+            + [f"{k} (new)" for k in sorted(files) if k not in declared and k not in stored.get("files", {})
+               and k.startswith(DISCOVERED)])
