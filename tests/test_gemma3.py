@@ -167,6 +167,41 @@ def test_gemma3_sizes_the_embedding_two_thirds_and_the_kv_of_five_local_layers_t
     assert cfg.kv_bytes_at(100) == cfg.kv_bytes_per_token() * 100  # within the window: no saving yet
 
 
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+class _Reader:
+    """The metadata a Gemma 3 file of another size would carry (what `gemma3_unsupported` reads)."""
+
+    def __init__(self, **fields):
+        self.fields = {"gemma3.block_count": _Field(18), "gemma3.embedding_length": _Field(640),
+                       "gemma3.attention.sliding_window": _Field(512),
+                       **{k.replace("__", "."): _Field(v) for k, v in fields.items()}}
+        self.data = type("Data", (), {"filename": "gemma-3-x.gguf"})()
+
+
+def test_the_loader_refuses_by_name_what_other_gemma3_sizes_need():
+    from labkit.model.gguf import gemma3_fields, gemma3_unsupported
+
+    assert gemma3_unsupported(_Reader()) == []  # the 270M: nothing missing
+    assert gemma3_fields(_Reader(gemma3__block_count=26))["layer_windows"].count(0) == 4  # the 1B: 26 layers, 4 global
+    four_b = _Reader(gemma3__block_count=34, gemma3__rope__scaling__type="linear", gemma3__rope__scaling__factor=8.0)
+    assert gemma3_unsupported(four_b) == ["RoPE scaling (linear, factor 8)"]
+    with pytest.raises(ValueError, match=r"gemma-3-x.gguf: .*does not implement: RoPE scaling \(linear, factor 8\)"):
+        gemma3_fields(four_b)
+    big = _Reader(gemma3__block_count=62, gemma3__rope__scaling__type="linear", gemma3__rope__scaling__factor=8.0)
+    assert len(gemma3_unsupported(big)) == 2 and "27B's query scale" in gemma3_unsupported(big)[1]
+    assert gemma3_unsupported(_Reader(gemma3__attention__sliding_window_pattern=4))[0].startswith("the sliding pattern")
+    ours = [(i + 1) % 6 != 0 for i in range(18)]
+    assert gemma3_unsupported(_Reader(gemma3__attention__sliding_window_pattern=ours)) == []
+    assert gemma3_unsupported(_Reader(gemma3__attention__sliding_window_pattern=[True] * 18)) != []
+
+
 @pytest.fixture(scope="module")
 def gemma():
     import labkit
@@ -331,4 +366,7 @@ def test_the_cli_quality_speculation_and_the_server_run_on_gemma(gemma, capsys, 
     with Server(model, tok, "gemma3-270m", max_batch=2, token_budget=64, num_blocks=64) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
         reply = client.completions.create(model="gemma3-270m", prompt=prompt, max_tokens=6, temperature=0)
+        with pytest.raises(openai.BadRequestError, match="base model") as refused:  # no template: chat is refused
+            client.chat.completions.create(model="gemma3-270m", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].text == plain.text
+    assert refused.value.body["param"] == "messages" and refused.value.body["code"] == "no_chat_template"

@@ -19,7 +19,10 @@ metadata (hyper-parameters, the tokenizer) followed by tensors in GGML block for
 Gemma 3 is the same `Transformer` with another config (`gemma3_fields`): sandwich norms, QK-norm,
 GeGLU, embeddings × √d_model, five sliding layers (RoPE base 10,000) to every global one (the file's
 base). The sliding pattern and the local base are not in the file; llama.cpp sets them for the
-architecture, and so does this loader. The file's norm weights already hold Gemma's "1 +": they are
+architecture, and so does this loader. What the loader does not implement it refuses by name
+(`gemma3_unsupported`): RoPE scaling (Gemma 3 4B, 12B and 27B stretch their global layers' positions,
+"linear", factor 8), the 27B's query scale (llama.cpp picks 1/√(d_model / n_heads) for that size, not
+1/√head_dim), and a sliding pattern other than five local layers to one global. The file's norm weights already hold Gemma's "1 +": they are
 used as they are. llama.cpp scales the embeddings by √d_model in float32 (Hugging Face's reference
 rounds the factor to bfloat16 first); the loader follows llama.cpp, whose outputs the tests compare with.
 
@@ -163,8 +166,34 @@ def config_from_gguf(reader) -> ModelConfig:
     )
 
 
+def gemma3_unsupported(reader) -> list[str]:
+    """What a Gemma 3 file asks that this loader does not implement (the module docstring), one phrase each."""
+    n_layers = int(_field(reader, "gemma3.block_count"))
+    kind = reader.fields.get("gemma3.rope.scaling.type")
+    kind = str(kind.contents()) if kind is not None else "none"
+    factor = reader.fields.get("gemma3.rope.scaling.factor")
+    factor = float(factor.contents()) if factor is not None else 1.0
+    out = []
+    if kind != "none" or factor not in (0.0, 1.0):
+        out.append(f"RoPE scaling ({kind}, factor {factor:g})")
+    if n_layers == 62:  # llama.cpp: LLM_TYPE_27B -> f_attention_scale = 1 / sqrt(n_embd / n_head)
+        out.append("the 27B's query scale (1/sqrt(d_model / n_heads))")
+    pattern = reader.fields.get("gemma3.attention.sliding_window_pattern")
+    if pattern is not None:
+        got = pattern.contents()
+        ours = [(i + 1) % GEMMA3_GLOBAL_EVERY != 0 for i in range(n_layers)]  # True: a sliding layer
+        if not (got == GEMMA3_GLOBAL_EVERY if isinstance(got, (int, float)) else [bool(x) for x in got] == ours):
+            out.append(f"the sliding pattern {got!r} (this loader: one global layer in {GEMMA3_GLOBAL_EVERY})")
+    return out
+
+
 def gemma3_fields(reader) -> dict:
-    """The config fields in which Gemma 3 differs from Llama (see the module docstring)."""
+    """The config fields in which Gemma 3 differs from Llama (see the module docstring); ValueError naming what the
+    file asks that the loader does not implement (`gemma3_unsupported`)."""
+    missing = gemma3_unsupported(reader)
+    if missing:
+        raise ValueError(f"{reader.data.filename}: this Gemma 3 file needs what labkit's loader does not implement: "
+                         f"{'; '.join(missing)}. labkit runs Gemma 3 270M (and sizes without these: 1B)")
     n_layers, d_model = int(_field(reader, "gemma3.block_count")), int(_field(reader, "gemma3.embedding_length"))
     window = int(_field(reader, "gemma3.attention.sliding_window"))
     return dict(norm_placement="sandwich", qk_norm=True, activation="gelu_tanh",
