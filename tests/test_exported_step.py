@@ -205,3 +205,60 @@ def test_a_build_deletes_the_packages_of_other_code(monkeypatch, tmp_path):
     names = sorted(p.name for p in tmp_path.iterdir())
     assert stale.name not in names and "notes.txt" in names
     assert any(n.split("-")[2] == code_digest() for n in names if n.endswith(".pt2"))
+
+
+def test_the_thread_count_is_in_the_package_name(exported):
+    model, _ = exported
+    key = (1, "t1", False, torch.float32, torch.int64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = model.compiled.package_path(key)
+        torch.set_num_threads(2)
+        two = model.compiled.package_path(key)
+    finally:
+        torch.set_num_threads(before)
+    assert one != two and "-t1-" in one and "-t2-" in two
+
+
+def test_a_build_keeps_only_the_packages_of_this_code_used_last(monkeypatch, tmp_path):
+    import os
+
+    from labkit.model.exported import code_digest, prune_stale
+
+    monkeypatch.setenv("LABKIT_EXPORT_DIR", str(tmp_path))
+    for i in range(5):
+        f = tmp_path / f"step-{i:016x}-{code_digest()}-b1-t1-all-float32-x-t1-aten-torch.pt2"
+        f.write_bytes(b"p")
+        os.utime(f, (1000 + i, 1000 + i))  # package 4 used last
+    assert sorted(prune_stale(keep=2)) == [f"step-{i:016x}-{code_digest()}-b1-t1-all-float32-x-t1-aten-torch.pt2"
+                                           for i in range(3)]
+    assert sorted(p.name.split("-")[1] for p in tmp_path.iterdir()) == [f"{3:016x}", f"{4:016x}"]
+
+
+def test_a_bfloat16_export_gives_eager_bfloat16_tokens_and_logits():
+    """A bfloat16 model exports and decodes as eager does (the option that rounds as eager does: the next test)."""
+    model = _model(seed=6).to(torch.bfloat16).export_step(progress=False)
+    tokens, logits = _greedy(model, 12)
+    want, want_logits = _greedy(_model(seed=6).to(torch.bfloat16), 12)
+    assert model.compiled.stats()["compiled_calls"] >= 11
+    assert tokens == want
+    assert torch.allclose(logits.float(), want_logits.float(), rtol=0, atol=2e-2 * want_logits.float().abs().max().item())
+
+
+def test_the_export_asks_inductor_to_round_where_eager_rounds(monkeypatch, tmp_path):
+    """The option itself (a small model's bf16 logits happen to agree either way): `emulate_precision_casts`."""
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake(program, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setenv("LABKIT_EXPORT_DIR", str(tmp_path))
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fake)
+    with pytest.raises(Stop):
+        _greedy(_model(seed=7).export_step(progress=False), 1)
+    assert seen["inductor_configs"]["emulate_precision_casts"] is True
