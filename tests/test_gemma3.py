@@ -282,7 +282,8 @@ def test_greedy_continuations_part_only_at_llama_cpps_ties(gemma, fixture):
 @torch.no_grad()
 def test_the_file_beside_transformers_reading_it(gemma):
     """transformers reads the same file with its own GGUF reader and dequantizer into its own Gemma 3: the
-    float32 logits agree to 1e-3 at every position of a prompt and past the local layers' window."""
+    float32 logits agree to 1e-3 at every position of a prompt and past the local layers' window, and
+    `attention_probs` gives its attention probabilities."""
     import functools
 
     transformers = pytest.importorskip("transformers")
@@ -306,6 +307,17 @@ def test_the_file_beside_transformers_reading_it(gemma):
         ours, theirs = model(torch.tensor([ids]))[0], hf(torch.tensor([ids])).logits[0]
         assert (ours - theirs).abs().max() < 1e-3
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    # attention_probs against transformers' output_attentions (its eager attention writes them out): a local layer
+    # past its 512-key window and a global one
+    from labkit.model import attention_probs
+
+    hf.config._attn_implementation = "eager"
+    with torch.no_grad():
+        theirs = hf(torch.tensor([long]), output_attentions=True).attentions
+    for layer in (0, 5):
+        ours = attention_probs(model, torch.tensor([long]), layer)
+        assert model.layers[layer].attn.window == (512 if layer == 0 else 0)
+        assert (ours - theirs[layer][0]).abs().max() < 1e-4, layer
 
 
 def test_a_llama_configs_identity_and_saved_states_are_what_they_were():
