@@ -98,18 +98,29 @@ def _unpack_nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
 
 
+def check_kquant_method(qtype: str, kquant_method: str) -> None:
+    """ValueError unless `kquant_method` is one of the K-quants' encoders and, for another format, the default."""
+    if kquant_method not in kquants.METHODS:
+        raise ValueError(f"kquant_method must be one of {kquants.METHODS}, got {kquant_method!r}")
+    if kquant_method != kquants.METHODS[0] and qtype not in kquants.LAYOUT:
+        raise ValueError(f"kquant_method={kquant_method!r} chooses a K-quant's scales; {qtype} is not a K-quant "
+                         f"(one of {tuple(kquants.LAYOUT)})")
+
+
 def _fp16_bytes(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
-def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
+def quantize(x: np.ndarray, qtype: str, kquant_method: str = "search") -> np.ndarray:
     """Quantize float weights (last dim a multiple of 32) to GGML blocks.
 
     Returns uint8 bytes shaped `[..., row_bytes]`, as `gguf.GGUFReader` presents quantized
     tensors (F32/F16 come back as float arrays). The block formats refuse NaN and inf (F32/F16
-    store them as they are).
+    store them as they are). `kquant_method`: the K-quants' encoder (`labkit.quant.kquants.METHODS`);
+    another format refuses anything but the default.
     """
     qtype = _check_type(qtype)
+    check_kquant_method(qtype, kquant_method)
     x = np.asarray(x, dtype=np.float32)
     if qtype == "F32":
         return x.copy()
@@ -118,7 +129,7 @@ def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
     if qtype in mx.LAYOUT:  # MXFP4, NVFP4: no tensor scale in the GGML layout
         return mx.quantize_blocks(x, qtype, tensor_scale=None if qtype == "MXFP4" else 1.0)[0]
     if qtype in kquants.LAYOUT:
-        return kquants.quantize(x, qtype)
+        return kquants.quantize(x, qtype, kquant_method)
     if x.ndim == 0 or x.shape[-1] % BLOCK:
         raise ValueError(f"{qtype} needs rows whose length is a multiple of {BLOCK}; got shape {x.shape}")
     if not np.isfinite(x).all():
