@@ -64,7 +64,8 @@ def run(quick: bool = False) -> dict:
     n_weights = sum(m.weight.numel() for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w_gate_up, b.mlp.w_down))
 
     def show(row):
-        print(f"  {row['name']:34s} {row['encoder']:36s} {row['bytes'] / 1e6:7.1f} {8 * row['bytes'] / n_weights:6.2f} {row['ppl']:8.2f} "
+        print(f"  {row['name']:34s} {row['encoder']:36s} {row['bytes'] / 1e6:7.1f} "
+              f"{8 * row['bytes'] / n_weights:6.2f} {row['ppl']:8.2f} "
               f"{row['ppl'] / base['ppl'] - 1:+8.2%} {row.get('kl', 0.0):9.5f} {row.get('top1', 1.0):6.1%}", flush=True)
 
     show(rows[0])
