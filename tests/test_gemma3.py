@@ -186,14 +186,14 @@ class _Reader:
 
 
 def test_the_loader_refuses_by_name_what_other_gemma3_sizes_need():
-    from labkit.model.gguf import gemma3_fields, gemma3_unsupported
+    from labkit.model.gemma3 import gemma3_fields, gemma3_unsupported
 
     assert gemma3_unsupported(_Reader()) == []  # the 270M: nothing missing
-    assert gemma3_fields(_Reader(gemma3__block_count=26))["layer_windows"].count(0) == 4  # the 1B: 26 layers, 4 global
+    assert gemma3_fields(_Reader(gemma3__block_count=26), lambda r, k: r.fields[k].contents())["layer_windows"].count(0) == 4  # the 1B: 26 layers, 4 global
     four_b = _Reader(gemma3__block_count=34, gemma3__rope__scaling__type="linear", gemma3__rope__scaling__factor=8.0)
     assert gemma3_unsupported(four_b) == ["RoPE scaling (linear, factor 8)"]
     with pytest.raises(ValueError, match=r"gemma-3-x.gguf: .*does not implement: RoPE scaling \(linear, factor 8\)"):
-        gemma3_fields(four_b)
+        gemma3_fields(four_b, lambda r, k: r.fields[k].contents())
     big = _Reader(gemma3__block_count=62, gemma3__rope__scaling__type="linear", gemma3__rope__scaling__factor=8.0)
     assert len(gemma3_unsupported(big)) == 2 and "27B's query scale" in gemma3_unsupported(big)[1]
     assert gemma3_unsupported(_Reader(gemma3__attention__sliding_window_pattern=4))[0].startswith("the sliding pattern")

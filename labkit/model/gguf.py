@@ -16,15 +16,11 @@ metadata (hyper-parameters, the tokenizer) followed by tensors in GGML block for
     Gemma 3 adds: blk.N.attn_q_norm / attn_k_norm -> layers.N.attn.q_norm / k_norm (per head),
                   blk.N.post_attention_norm / post_ffw_norm -> layers.N.post_attn_norm / post_ffn_norm
 
-Gemma 3 is the same `Transformer` with another config (`gemma3_fields`): sandwich norms, QK-norm,
-GeGLU, embeddings × √d_model, five sliding layers (RoPE base 10,000) to every global one (the file's
-base). The sliding pattern and the local base are not in the file; llama.cpp sets them for the
-architecture, and so does this loader. What the loader does not implement it refuses by name
-(`gemma3_unsupported`): RoPE scaling (Gemma 3 4B, 12B and 27B stretch their global layers' positions,
-"linear", factor 8), the 27B's query scale (llama.cpp picks 1/√(d_model / n_heads) for that size, not
-1/√head_dim), and a sliding pattern other than five local layers to one global. The file's norm weights already hold Gemma's "1 +": they are
-used as they are. llama.cpp scales the embeddings by √d_model in float32 (Hugging Face's reference
-rounds the factor to bfloat16 first); the loader follows llama.cpp, whose outputs the tests compare with.
+Gemma 3 is the same `Transformer` with another config, its rules in `labkit.model.gemma3` (sandwich norms,
+QK-norm, GeGLU, embeddings × √d_model, five sliding layers to every global one; what other Gemma 3 sizes need
+and labkit does not implement is refused by name). The file's norm weights already hold Gemma's "1 +": they are
+used as they are. llama.cpp scales the embeddings by √d_model in float32 (Hugging Face's reference rounds the
+factor to bfloat16 first); the loader follows llama.cpp, whose outputs the tests compare with.
 
 llama.cpp's converter stores Llama Q/K rows in the interleaved RoPE layout (see
 `labkit.model.rope`), so the model is built with `rope_layout="interleaved"`; asking for
@@ -48,8 +44,6 @@ from labkit.model.rope import permute_qk_rows
 SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
 # how each architecture's converter lays out the Q/K rows
 NATIVE_ROPE_LAYOUT = {"llama": "interleaved", "gemma3": "half"}
-GEMMA3_GLOBAL_EVERY = 6  # layers 5, 11, 17, ... attend globally, the rest through the sliding window
-GEMMA3_LOCAL_ROPE_BASE = 10_000.0
 
 
 _readers: dict[tuple, object] = {}  # (path, size, mtime) -> GGUFReader: parsing the header takes seconds
@@ -162,44 +156,14 @@ def config_from_gguf(reader) -> ModelConfig:
         norm_eps=float(f"{float(_field(reader, f'{arch}.attention.layer_norm_rms_epsilon')):.7g}"),
         max_seq_len=int(_field(reader, f"{arch}.context_length")),
         tie_embeddings="output.weight" not in tensors,
-        **(gemma3_fields(reader) if arch == "gemma3" else {}),
+        **(_gemma3(reader) if arch == "gemma3" else {}),
     )
 
 
-def gemma3_unsupported(reader) -> list[str]:
-    """What a Gemma 3 file asks that this loader does not implement (the module docstring), one phrase each."""
-    n_layers = int(_field(reader, "gemma3.block_count"))
-    kind = reader.fields.get("gemma3.rope.scaling.type")
-    kind = str(kind.contents()) if kind is not None else "none"
-    factor = reader.fields.get("gemma3.rope.scaling.factor")
-    factor = float(factor.contents()) if factor is not None else 1.0
-    out = []
-    if kind != "none" or factor not in (0.0, 1.0):
-        out.append(f"RoPE scaling ({kind}, factor {factor:g})")
-    if n_layers == 62:  # llama.cpp: LLM_TYPE_27B -> f_attention_scale = 1 / sqrt(n_embd / n_head)
-        out.append("the 27B's query scale (1/sqrt(d_model / n_heads))")
-    pattern = reader.fields.get("gemma3.attention.sliding_window_pattern")
-    if pattern is not None:
-        got = pattern.contents()
-        ours = [(i + 1) % GEMMA3_GLOBAL_EVERY != 0 for i in range(n_layers)]  # True: a sliding layer
-        if not (got == GEMMA3_GLOBAL_EVERY if isinstance(got, (int, float)) else [bool(x) for x in got] == ours):
-            out.append(f"the sliding pattern {got!r} (this loader: one global layer in {GEMMA3_GLOBAL_EVERY})")
-    return out
+def _gemma3(reader) -> dict:
+    from labkit.model.gemma3 import gemma3_fields  # on first use: a Llama file never loads Gemma's rules
 
-
-def gemma3_fields(reader) -> dict:
-    """The config fields in which Gemma 3 differs from Llama (see the module docstring); ValueError naming what the
-    file asks that the loader does not implement (`gemma3_unsupported`)."""
-    missing = gemma3_unsupported(reader)
-    if missing:
-        raise ValueError(f"{reader.data.filename}: this Gemma 3 file needs what labkit's loader does not implement: "
-                         f"{'; '.join(missing)}. labkit runs Gemma 3 270M (and sizes without these: 1B)")
-    n_layers, d_model = int(_field(reader, "gemma3.block_count")), int(_field(reader, "gemma3.embedding_length"))
-    window = int(_field(reader, "gemma3.attention.sliding_window"))
-    return dict(norm_placement="sandwich", qk_norm=True, activation="gelu_tanh",
-                embed_scale=float(np.sqrt(np.float32(d_model))),
-                layer_windows=tuple(0 if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else window for i in range(n_layers)),
-                rope_local_base=GEMMA3_LOCAL_ROPE_BASE)
+    return gemma3_fields(reader, _field)
 
 
 def read_tensor(tensor) -> np.ndarray:

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from labkit.quant import kquant_search
-
 QK = 256  # weights per super-block
 LAYOUT = {"Q4_K": (QK, 144), "Q5_K": (QK, 176), "Q6_K": (QK, 210)}  # name: (weights, bytes) per super-block
 
@@ -106,6 +104,8 @@ METHODS = ("search", "minmax")  # llama.cpp's weighted search (`labkit.quant.kqu
 
 def _q6_params(sub: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
     """Q6_K sub-blocks [n, 16, 16] -> (int8 scales [n, 16], float16 d [n, 1])."""
+    from labkit.quant import kquant_search  # on first use: a model that only reads K-quants never loads the encoder
+
     n = sub.shape[0]
     if method == "search":
         scale = kquant_search.qx_scales(sub.reshape(n * 16, 16)).reshape(n, 16)
@@ -123,6 +123,8 @@ def _q6_params(sub: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _k_params(sub: np.ndarray, qtype: str, method: str) -> tuple[np.ndarray, ...]:
     """Q4_K / Q5_K sub-blocks [n, 8, 32] -> (d, dmin float16 [n, 1], 6-bit scales, mins uint8 [n, 8])."""
+    from labkit.quant import kquant_search
+
     n, nmax = sub.shape[0], 15 if qtype == "Q4_K" else 31
     if method == "search":
         scale, low = (v.reshape(n, 8) for v in kquant_search.qkx2_scales(sub.reshape(n * 8, 32), qtype))
