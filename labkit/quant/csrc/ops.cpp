@@ -18,7 +18,8 @@ using Group = void (*)(int64_t, const Args&, int64_t, int64_t, int64_t);
 
 at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dw, const at::Tensor* mw,
                     int64_t path, int64_t chunks, Group group) {
-  TORCH_CHECK_VALUE(path >= PORTABLE && path <= AVX512_VNNI, "path must be 0 (portable), 1 (AVX2) or 2 (AVX-512 VNNI), got ", path);
+  TORCH_CHECK_VALUE(path >= PORTABLE && path < N_PATHS,
+                    "path must be 0 (portable), 1 (AVX2), 2 (AVX-512 VNNI) or 3 (NEON dot product), got ", path);
   TORCH_CHECK_VALUE(cpu_has(path), "path ", path, " needs instructions this CPU lacks");
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.dim() == 2, "x must be a float32 matrix [M, K]");
   TORCH_CHECK_TYPE(codes.dim() == 5 && codes.size(2) == chunks && codes.size(3) == ROWS && codes.size(4) == 4,
@@ -36,9 +37,12 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tens
   at::Tensor xsum = at::empty({M, nb}, x.options().dtype(at::kInt));
   at::Tensor out = at::empty({M, groups * ROWS}, x.options());
   if (M == 0) return out;
-  quantize_rows(xc.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<float>(),
-                xsum.data_ptr<int32_t>());
-  const Args a{static_cast<const uint8_t*>(cc.data_ptr()), dc.data_ptr<c10::Half>(), mc.data_ptr<c10::Half>(),
+  const int64_t bad = quantize_rows(xc.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), dx.data_ptr<float>(),
+                                    sx.data_ptr<float>(), xsum.data_ptr<int32_t>());
+  TORCH_CHECK_VALUE(bad < 0, "x contains NaN or inf (row ", bad / std::max<int64_t>(nb, 1), ", block ",
+                    bad % std::max<int64_t>(nb, 1), "); 8-bit activation codes need finite inputs");
+  const Args a{static_cast<const uint8_t*>(cc.data_ptr()), reinterpret_cast<const uint16_t*>(dc.data_ptr()),
+               reinterpret_cast<const uint16_t*>(mc.data_ptr()),
                q.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<float>(), xsum.data_ptr<int32_t>(),
                out.data_ptr<float>(), M, K, nb, groups * ROWS};
   at::parallel_for(0, groups, 1, [&](int64_t lo, int64_t hi) {
@@ -59,7 +63,7 @@ at::Tensor q8q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 
 int64_t q4q8_paths() {
   int64_t mask = 0;
-  for (int64_t p = PORTABLE; p <= AVX512_VNNI; ++p)
+  for (int64_t p = PORTABLE; p < N_PATHS; ++p)
     if (cpu_has(p)) mask |= int64_t(1) << p;
   return mask;
 }

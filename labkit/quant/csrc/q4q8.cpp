@@ -29,7 +29,9 @@
 // the instruction set, and `labkit.quant.q4q8.reference` (plain torch) equals it bit for bit.
 #include "blocks.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 namespace labkit_kernels {
 namespace {
@@ -41,8 +43,8 @@ void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
   float acc[MAX_M][ROWS] = {};
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* c = a.codes + (g * a.nb + b) * GROUP_BYTES;
-    const c10::Half* dw = a.dw + (g * a.nb + b) * ROWS;
-    const c10::Half* mw = a.mw + (g * a.nb + b) * ROWS;
+    const uint16_t* dw = a.dw + (g * a.nb + b) * ROWS;
+    const uint16_t* mw = a.mw + (g * a.nb + b) * ROWS;
     for (int64_t m = 0; m < mc; ++m) {
       const int64_t row = m0 + m;
       const int8_t* xq = a.q + row * a.K + b * BLOCK;
@@ -56,8 +58,8 @@ void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
             isum += (byte & 0x0F) * xq[i] + (byte >> 4) * xq[i + 16];
           }
         }
-        acc[m][r] = acc[m][r] + static_cast<float>(isum) * (static_cast<float>(dw[r]) * d);
-        acc[m][r] = acc[m][r] + static_cast<float>(mw[r]) * s;
+        acc[m][r] = acc[m][r] + static_cast<float>(isum) * (half_to_float(dw[r]) * d);
+        acc[m][r] = acc[m][r] + half_to_float(mw[r]) * s;
       }
     }
   }
@@ -65,6 +67,7 @@ void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
     for (int64_t r = 0; r < ROWS; ++r) a.out[(m0 + m) * a.n_out + g * ROWS + r] = acc[m][r];
 }
 
+#if defined(__x86_64__)
 // The same with AVX2: 8 rows per 256-bit register, two halves per group; vpmaddubsw multiplies
 // unsigned codes by signed activations into int16 pairs (a block's 16 products per pair stay
 // under 15 * 127 * 16 = 30480, so the int16 sums cannot saturate), vpmaddwd adds the pairs.
@@ -157,11 +160,62 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void group_avx512(const A
   for (int64_t m = 0; m < mc; ++m) _mm512_storeu_ps(a.out + (m0 + m) * a.n_out + g * ROWS, acc[m]);
 }
 
+#endif  // __x86_64__
+
+#if defined(__aarch64__)
+// The same with NEON's SDOT (Armv8.2 dot product, ggml's ggml_vec_dot_q4_1_q8_1 on ARM uses the same instruction):
+// a 64-byte chunk is 4 registers of 4 rows each (one 32-bit lane per row); vdotq_s32 adds the 4 products of a
+// lane's 4 codes (0..15, taken as signed bytes) and the 4 activation codes broadcast to every lane.
+__attribute__((target("arch=armv8.2-a+dotprod"))) void group_neon(const Args& a, int64_t g, int64_t m0, int64_t mc) {
+  float32x4_t acc[MAX_M][4];
+  for (int64_t m = 0; m < mc; ++m)
+    for (int q = 0; q < 4; ++q) acc[m][q] = vdupq_n_f32(0.0f);
+  const uint8x16_t low = vdupq_n_u8(0x0F);
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* c = a.codes + (g * a.nb + b) * GROUP_BYTES;
+    int8x16_t w[8][4];  // [code half of chunk, quarter of rows]
+    for (int ch = 0; ch < 4; ++ch)
+      for (int q = 0; q < 4; ++q) {
+        const uint8x16_t raw = vld1q_u8(c + ch * 64 + q * 16);
+        w[2 * ch][q] = vreinterpretq_s8_u8(vandq_u8(raw, low));
+        w[2 * ch + 1][q] = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+      }
+    float32x4_t dw[4], mw[4];
+    for (int q = 0; q < 4; ++q) {
+      dw[q] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(a.dw + (g * a.nb + b) * ROWS + 4 * q)));
+      mw[q] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(a.mw + (g * a.nb + b) * ROWS + 4 * q)));
+    }
+    for (int64_t m = 0; m < mc; ++m) {
+      const int64_t row = m0 + m;
+      const int8_t* xq = a.q + row * a.K + b * BLOCK;
+      const float32x4_t d = vdupq_n_f32(a.dx[row * a.nb + b]), s = vdupq_n_f32(a.sx[row * a.nb + b]);
+      int8x16_t x[8];
+      for (int ch = 0; ch < 4; ++ch) {
+        x[2 * ch] = vreinterpretq_s8_s32(vdupq_n_s32(load4(xq + 4 * ch)));
+        x[2 * ch + 1] = vreinterpretq_s8_s32(vdupq_n_s32(load4(xq + 16 + 4 * ch)));
+      }
+      for (int q = 0; q < 4; ++q) {
+        int32x4_t isum = vdupq_n_s32(0);
+        for (int k = 0; k < 8; ++k) isum = vdotq_s32(isum, w[k][q], x[k]);
+        acc[m][q] = vaddq_f32(acc[m][q], vmulq_f32(vcvtq_f32_s32(isum), vmulq_f32(dw[q], d)));
+        acc[m][q] = vaddq_f32(acc[m][q], vmulq_f32(mw[q], s));
+      }
+    }
+  }
+  for (int64_t m = 0; m < mc; ++m)
+    for (int q = 0; q < 4; ++q) vst1q_f32(a.out + (m0 + m) * a.n_out + g * ROWS + 4 * q, acc[m][q]);
+}
+#endif  // __aarch64__
+
 }  // namespace
 
 void q4_group(int64_t path, const Args& a, int64_t g, int64_t m0, int64_t mc) {
+#if defined(__x86_64__)
   if (path == AVX512_VNNI) return group_avx512(a, g, m0, mc);
   if (path == AVX2) return group_avx2(a, g, m0, mc);
+#elif defined(__aarch64__)
+  if (path == NEON_DOTPROD) return group_neon(a, g, m0, mc);
+#endif
   group_portable(a, g, m0, mc);
 }
 
