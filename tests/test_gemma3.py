@@ -382,3 +382,36 @@ def test_the_cli_quality_speculation_and_the_server_run_on_gemma(gemma, capsys, 
             client.chat.completions.create(model="gemma3-270m", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].text == plain.text
     assert refused.value.body["param"] == "messages" and refused.value.body["code"] == "no_chat_template"
+
+
+@torch.no_grad()
+def test_the_file_on_labkits_kernel_gives_the_float_models_top_tokens_wherever_it_is_no_tie(gemma):
+    """weights='gguf': the Q8_0 and Q5_0 blocks and the tied head on labkit's int8 × int8 kernel. Teacher-forced on
+    llama.cpp's greedy tokens: wherever the float32 model's top two are 0.25 apart, the same top token, the top
+    logit within LOGIT_ATOL of the float32 model's and all of them within 3 % relative RMS (the activations' int8
+    rounding, as llama.cpp's)."""
+    import labkit
+    from labkit.quant import native
+
+    if not native.available():
+        pytest.skip("labkit's kernel is not built here")
+    model, tok, _ = gemma
+    fast, _ = labkit.load("gemma3-270m", weights="gguf")
+    assert "LM head and 36 of 72 block products" in fast.weights
+    assert type(fast.lm_head).__name__ == "Q8Q8Linear" and type(fast.layers[0].attn.wqkv).__name__ == "Q8Q8Linear"
+    ref = json.loads(FIXTURE.read_text())
+    checked = 0
+    for row in ref["greedy"]:
+        ids = torch.tensor([row["prompt_ids"] + row["greedy"][:-1]])
+        want, got = model(ids)[0], fast(ids)[0]
+        best = want.argmax(-1, keepdim=True)
+        assert (want.gather(-1, best) - got.gather(-1, best)).abs().max() < LOGIT_ATOL
+        rel = float((got - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt())
+        assert rel < 0.03
+        top2 = want.topk(2, dim=-1).values
+        sure = (top2[:, 0] - top2[:, 1]) >= MARGIN
+        assert torch.equal(want.argmax(-1)[sure], got.argmax(-1)[sure])
+        checked += int(sure.sum())
+    assert checked > 100
+    with pytest.raises(ValueError, match="float32"):
+        labkit.load("gemma3-270m", dtype=torch.bfloat16, weights="gguf")

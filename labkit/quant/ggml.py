@@ -98,6 +98,12 @@ def _unpack_nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
 
 
+def _q5_0_codes(blocks: np.ndarray) -> np.ndarray:
+    """Q5_0 blocks [n, 22] -> signed codes q − 16 in −16..15, int8 [n, 32] (x = d·(q − 16))."""
+    fifth = np.unpackbits(blocks[:, 2:6], axis=1, bitorder="little")  # [n_blocks, 32]: bit j of the word
+    return (_unpack_nibbles(blocks[:, 6:]) | (fifth << 4)).astype(np.int8) - np.int8(16)
+
+
 def check_kquant_method(qtype: str, kquant_method: str) -> None:
     """ValueError unless `kquant_method` is one of the K-quants' encoders and, for another format, the default."""
     if kquant_method not in kquants.METHODS:
@@ -189,9 +195,7 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = Non
         q = _unpack_nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)
         out = d * q.astype(np.float32)
     elif qtype == "Q5_0":
-        fifth = np.unpackbits(blocks[:, 2:6], axis=1, bitorder="little")  # [n_blocks, 32]: bit j of the word
-        q = (_unpack_nibbles(blocks[:, 6:]) | (fifth << 4)).astype(np.int8) - np.int8(16)
-        out = d * q.astype(np.float32)
+        out = d * _q5_0_codes(blocks).astype(np.float32)
     else:  # Q4_1
         m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
         out = d * _unpack_nibbles(blocks[:, 4:]).astype(np.float32) + m
@@ -201,14 +205,15 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = Non
 
 
 def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]):
-    """The blocks of a Q4_1 / Q8_0 matrix as they are stored, for integer kernels (no dequantization).
+    """The blocks of a Q4_1 / Q8_0 / Q5_0 matrix as they are stored, for integer kernels (no dequantization).
 
     Returns (codes [rows, cols], d [rows, cols / 32], m [rows, cols / 32] or None), so that
-    Q4_1 weights are d·q + m (codes 0..15) and Q8_0 weights are d·q (codes −127..127).
+    Q4_1 weights are d·q + m (codes 0..15), Q8_0 weights d·q (codes −127..127) and Q5_0 weights d·q with
+    the signed codes q − 16 (−16..15): Q5_0 then runs on the Q8_0 kernel, exactly.
     """
     qtype = _check_type(qtype)
-    if qtype not in ("Q4_1", "Q8_0"):
-        raise ValueError(f"block_parts reads Q4_1 or Q8_0 blocks, got {qtype}")
+    if qtype not in ("Q4_1", "Q8_0", "Q5_0"):
+        raise ValueError(f"block_parts reads Q4_1, Q8_0 or Q5_0 blocks, got {qtype}")
     rows, cols = shape
     _, _, size = TYPES[qtype]
     blocks = np.asarray(data).view(np.uint8).reshape(-1, size)
@@ -217,6 +222,8 @@ def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]):
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(rows, cols // BLOCK)
     if qtype == "Q8_0":
         return blocks[:, 2:].view(np.int8).reshape(rows, cols), d, None
+    if qtype == "Q5_0":
+        return _q5_0_codes(blocks).reshape(rows, cols), d, None
     m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(rows, cols // BLOCK)
     return _unpack_nibbles(blocks[:, 4:]).reshape(rows, cols), d, m
 
