@@ -137,7 +137,7 @@ def run(args, ready=None) -> int:
         print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
               f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}"
               f"{f', speculation {args.speculative} ({budget})' if drafter else ''}) at {url}", flush=True)
-        if getattr(server.tok, "chat_template", None) is None:  # a base model: completions only (chat is refused)
+        if not getattr(server.tok, "chat_as_plain_text", True):  # a base model's file: completions only (chat refused)
             print(f"  curl {url}/v1/completions -H 'Content-Type: application/json' "
                   f"-d '{{\"model\": \"{args.model}\", \"prompt\": \"The capital of France is\"}}'"
                   "   (a base model: chat is refused)", flush=True)
