@@ -241,3 +241,29 @@ def test_a_compiler_without_openmp_gets_a_one_thread_build_with_the_same_bits(tm
     out = _native(code, CXX=str(wrapper)).splitlines()
     assert "built without OpenMP" in out[0] and "-serial.so" in out[0]
     assert out[1] == "False" and out[2] == "True"
+
+
+def test_a_q4_k_matrix_runs_on_the_int4_kernel_with_float32_steps_bit_for_bit_on_every_path():
+    """Q4_K's sub-block step d·sc and minimum dmin·m are exact in float32, not in float16: `from_q4_k` keeps them in
+    float32 and the same kernel multiplies; the weights are the file's floats exactly, the products the oracle's."""
+    import numpy as np
+
+    from labkit.quant import kquants
+
+    rng = np.random.default_rng(4)
+    w = rng.standard_t(4, (40, 512)).astype(np.float32) * 0.05
+    data = kquants.quantize(w, "Q4_K")
+    layer = q4q8.Q4Q8Linear.from_q4_k(data, (40, 512))
+    assert torch.equal(layer.weight, torch.from_numpy(kquants.dequantize(data, "Q4_K", (40, 512))))
+    assert layer.nbytes() == data.size and layer.fmt == "Q4_K"
+    codes, step, minimum = (torch.from_numpy(a) for a in kquants.block_parts(data, "Q4_K", (40, 512)))
+    assert not torch.equal(step.half().float(), step)  # float16 would round these steps
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5))
+    want = q4q8.reference(x, codes, step, minimum, steps="float32")
+    packed = q4q8.pack(codes, step, minimum, steps="float32")
+    for path in native.cpu_paths():
+        assert torch.equal(q4q8.mm(x, packed, path), want), path
+    assert torch.equal(layer(x), want)
+    assert all(torch.equal(layer(x[i:i + 1]), want[i:i + 1]) for i in range(9))  # a row's bits alone
+    with pytest.raises(ValueError, match="block_parts reads Q4_K"):
+        kquants.block_parts(data, "Q6_K", (40, 512))

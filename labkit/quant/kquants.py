@@ -36,7 +36,7 @@ import numpy as np
 QK = 256  # weights per super-block
 LAYOUT = {"Q4_K": (QK, 144), "Q5_K": (QK, 176), "Q6_K": (QK, 210)}  # name: (weights, bytes) per super-block
 
-__all__ = ["QK", "LAYOUT", "METHODS", "quantize", "dequantize"]
+__all__ = ["QK", "LAYOUT", "METHODS", "quantize", "dequantize", "block_parts"]
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -188,6 +188,23 @@ def quantize(x: np.ndarray, qtype: str, method: str = "search") -> np.ndarray:
         raise ValueError(f"{qtype}: x contains NaN or inf; the block formats encode finite weights only")
     out = quantize_blocks(x.reshape(-1, QK), qtype, method)
     return out.reshape(*x.shape[:-1], x.shape[-1] // QK * LAYOUT[qtype][1])
+
+
+def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> tuple[np.ndarray, ...]:
+    """A Q4_K matrix's blocks as an integer kernel takes them: (codes uint8 [rows, cols] in 0..15, step and minimum
+    float32 [rows, cols / 32]) with x = step·q + minimum, step = d·sc and minimum = −dmin·m per sub-block of 32 (each
+    exact in float32: a float16 times a 6-bit integer), the same floats `dequantize` gives."""
+    if qtype != "Q4_K":
+        raise ValueError(f"block_parts reads Q4_K blocks, got {qtype!r}")
+    rows, cols = shape
+    raw = np.asarray(data).view(np.uint8).reshape(-1, LAYOUT[qtype][1])
+    if cols % QK or raw.shape[0] != rows * cols // QK:
+        raise ValueError(f"Q4_K data holds {raw.shape[0]} super-blocks; a [{rows}, {cols}] matrix needs {rows * cols // QK}")
+    d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])
+    sc, mn = _scales_mins(raw[:, 4:16])
+    step = (d * sc.astype(np.float32)).reshape(rows, cols // 32)
+    minimum = -(dmin * mn.astype(np.float32)).reshape(rows, cols // 32)
+    return _low_nibbles(raw[:, 16:144]).reshape(rows, cols), step, minimum
 
 
 def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = None) -> np.ndarray:

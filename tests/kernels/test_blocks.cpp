@@ -20,8 +20,8 @@ struct Case {
 };
 
 // y[m, n] as the header comment of q4q8.cpp / q8q8.cpp states it, written from the formula
-float reference(bool q4, const std::vector<uint8_t>& codes, const std::vector<uint16_t>& dw,
-                const std::vector<uint16_t>& mw, const std::vector<int8_t>& q, const std::vector<float>& dx,
+float reference(bool q4, const std::vector<uint8_t>& codes, const std::vector<float>& dw,
+                const std::vector<float>& mw, const std::vector<int8_t>& q, const std::vector<float>& dx,
                 const std::vector<float>& sx, int64_t nb, int64_t K, int64_t m, int64_t n) {
   const int64_t g = n / ROWS, r = n % ROWS;
   float acc = 0.0f;
@@ -39,8 +39,8 @@ float reference(bool q4, const std::vector<uint8_t>& codes, const std::vector<ui
       isum += w * q[m * K + b * BLOCK + i];
     }
     const int64_t s = (g * nb + b) * ROWS + r;
-    acc = acc + static_cast<float>(isum) * (half_to_float(dw[s]) * dx[m * nb + b]);
-    if (q4) acc = acc + half_to_float(mw[s]) * sx[m * nb + b];
+    acc = acc + static_cast<float>(isum) * (dw[s] * dx[m * nb + b]);
+    if (q4) acc = acc + mw[s] * sx[m * nb + b];
   }
   return acc;
 }
@@ -76,22 +76,38 @@ int run_case(const Case& c, std::mt19937& rng) {
       std::printf("FAIL %s: finite input reported as not finite\n", c.what);
       return 1;
     }
-    for (int64_t path = 0; path < N_PATHS; ++path) {
-      if (!cpu_has(path)) continue;
-      std::vector<float> out(c.M * n_out, -1.0f);
-      const Args a{codes.data(), dw.data(), mw.data(), q.data(), dx.data(), sx.data(), xsum.data(), out.data(),
-                   c.M, K, c.nb, n_out};
-      for (int64_t g = 0; g < c.groups; ++g)
-        for (int64_t m0 = 0; m0 < c.M; m0 += MAX_M) (q4 ? q4_group : q8_group)(path, a, g, m0, std::min(MAX_M, c.M - m0));
-      for (int64_t m = 0; m < c.M; ++m)
-        for (int64_t n = 0; n < n_out; ++n) {
-          const float want = reference(q4, codes, dw, mw, q, dx, sx, c.nb, K, m, n), got = out[m * n_out + n];
-          if (std::memcmp(&want, &got, 4) != 0) {
-            if (fails++ < 5)
-              std::printf("FAIL %s %s path %s: y[%ld, %ld] = %.9g, reference %.9g\n", c.what, q4 ? "Q4_1" : "Q8_0",
-                          NAMES[path], static_cast<long>(m), static_cast<long>(n), got, want);
-          }
+    // the steps as float16 bits, and (the int4 kernel) as float32 values float16 cannot hold (a K-quant's d·sc)
+    std::vector<float> dwf(dw.size()), mwf(mw.size()), dw32(dw.size()), mw32(mw.size());
+    for (size_t i = 0; i < dw.size(); ++i) {
+      dwf[i] = half_to_float(dw[i]);
+      mwf[i] = half_to_float(mw[i]);
+      dw32[i] = dwf[i] * 1.0009765625f * static_cast<float>(1 + i % 63);  // 1 + 2^-10: off the float16 grid
+      mw32[i] = mwf[i] * 0.9990234375f;
+    }
+    for (int f32 = 0; f32 < (q4 ? 2 : 1); ++f32) {
+      for (int64_t path = 0; path < N_PATHS; ++path) {
+        if (!cpu_has(path)) continue;
+        std::vector<float> out(c.M * n_out, -1.0f);
+        Args a{codes.data(), dw.data(), mw.data(), q.data(), dx.data(), sx.data(), xsum.data(), out.data(),
+               c.M, K, c.nb, n_out};
+        if (f32) {
+          a.dw32 = dw32.data();
+          a.mw32 = mw32.data();
+          a.dw = a.mw = nullptr;
         }
+        for (int64_t g = 0; g < c.groups; ++g)
+          for (int64_t m0 = 0; m0 < c.M; m0 += MAX_M)
+            (q4 ? q4_group : q8_group)(path, a, g, m0, std::min(MAX_M, c.M - m0));
+        for (int64_t m = 0; m < c.M; ++m)
+          for (int64_t n = 0; n < n_out; ++n) {
+            const float want = reference(q4, codes, f32 ? dw32 : dwf, f32 ? mw32 : mwf, q, dx, sx, c.nb, K, m, n);
+            const float got = out[m * n_out + n];
+            if (std::memcmp(&want, &got, 4) != 0 && fails++ < 5)
+              std::printf("FAIL %s %s%s path %s: y[%ld, %ld] = %.9g, reference %.9g\n", c.what, q4 ? "Q4_1" : "Q8_0",
+                          f32 ? " (float32 steps)" : "", NAMES[path], static_cast<long>(m), static_cast<long>(n), got,
+                          want);
+          }
+      }
     }
   }
   return fails;
@@ -125,7 +141,8 @@ int main() {
       std::printf(" %s", NAMES[p]);
       ++paths;
     }
-  std::printf("\n%s: %zu cases x 2 kernels x %d paths, float16 conversions\n", fails ? "FAILED" : "ok",
+  std::printf("\n%s: %zu cases x 3 kernels (Q4_1, Q4 with float32 steps, Q8_0) x %d paths, float16 conversions\n",
+              fails ? "FAILED" : "ok",
               sizeof(cases) / sizeof(cases[0]), paths);
   return fails ? 1 : 0;
 }

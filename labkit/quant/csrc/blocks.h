@@ -143,6 +143,8 @@ struct Args {
   const int32_t* xsum;     // [M, nb]
   float* out;              // [M, groups * ROWS]
   int64_t M, K, nb, n_out;
+  const float* dw32 = nullptr;  // float32 steps and minimums in place of dw, mw (the int4 kernel: a K-quant's
+  const float* mw32 = nullptr;  // d·sc and dmin·m, exact in float32, not in float16), same layout
 };
 
 inline int32_t load4(const int8_t* p) {

@@ -25,7 +25,10 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tens
   TORCH_CHECK_TYPE(codes.dim() == 5 && codes.size(2) == chunks && codes.size(3) == ROWS && codes.size(4) == 4,
                    "codes must be [groups, nb, ", chunks, ", 16, 4]");
   TORCH_CHECK_TYPE(codes.scalar_type() == at::kByte || codes.scalar_type() == at::kChar, "codes must be 8-bit");
-  TORCH_CHECK_TYPE(dw.scalar_type() == at::kHalf && (mw == nullptr || mw->scalar_type() == at::kHalf), "steps must be float16");
+  // float16 steps as the file stores them; float32 ones (both dw and mw) for the int4 kernel's K-quant products
+  const bool f32 = mw != nullptr && dw.scalar_type() == at::kFloat && mw->scalar_type() == at::kFloat;
+  TORCH_CHECK_TYPE(f32 || (dw.scalar_type() == at::kHalf && (mw == nullptr || mw->scalar_type() == at::kHalf)),
+                   mw == nullptr ? "steps must be float16" : "steps and minimums must be both float16 or both float32");
   const int64_t M = x.size(0), K = x.size(1), groups = codes.size(0), nb = codes.size(1);
   TORCH_CHECK_VALUE(K == nb * BLOCK, "x has ", K, " features, the weight ", nb * BLOCK);
   TORCH_CHECK_VALUE(dw.numel() == groups * nb * ROWS && (mw == nullptr || mw->numel() == groups * nb * ROWS),
@@ -41,10 +44,15 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tens
                                     sx.data_ptr<float>(), xsum.data_ptr<int32_t>());
   TORCH_CHECK_VALUE(bad < 0, "x contains NaN or inf (row ", bad / std::max<int64_t>(nb, 1), ", block ",
                     bad % std::max<int64_t>(nb, 1), "); 8-bit activation codes need finite inputs");
-  const Args a{static_cast<const uint8_t*>(cc.data_ptr()), reinterpret_cast<const uint16_t*>(dc.data_ptr()),
+  Args a{static_cast<const uint8_t*>(cc.data_ptr()), reinterpret_cast<const uint16_t*>(dc.data_ptr()),
                reinterpret_cast<const uint16_t*>(mc.data_ptr()),
                q.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<float>(), xsum.data_ptr<int32_t>(),
                out.data_ptr<float>(), M, K, nb, groups * ROWS};
+  if (f32) {  // the float32 arrays in place of the float16 ones
+    a.dw32 = dc.data_ptr<float>();
+    a.mw32 = mc.data_ptr<float>();
+    a.dw = a.mw = nullptr;
+  }
   at::parallel_for(0, groups, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t g = lo; g < hi; ++g)
       for (int64_t m0 = 0; m0 < M; m0 += MAX_M) group(path, a, g, m0, std::min(MAX_M, M - m0));
