@@ -11,7 +11,7 @@ export IPYTHONDIR          := $(BUILD)/ipython
 export MPLCONFIGDIR        := $(BUILD)/mpl
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
 
-.PHONY: evidence evidence-check setup lab test test-unit test-notebooks test-portable test-isa test-arm test-browser test-browser-all notebooks student release bench doctor data clean
+.PHONY: evidence evidence-check setup lab test test-unit test-notebooks test-portable test-isa test-browser test-browser-all notebooks student release bench doctor data clean
 
 setup:
 	@bash scripts/setup.sh
@@ -42,10 +42,6 @@ test-portable: setup
 # the kernel-dependent unit tests under an emulated AVX2 CPU and with no SIMD (ISA=avx2 or ISA=default for one)
 test-isa: setup
 	bash scripts/test_isa.sh $(ISA)
-
-# the C++ kernels' every path bit for bit against a plain reference: natively and for ARM under qemu (no torch)
-test-arm:
-	bash scripts/test_arm.sh
 
 test-browser: setup
 	$(VENV)/bin/pytest tests -m browser $(PYTEST_ARGS)

@@ -61,9 +61,9 @@ def load(name: str, dtype: torch.dtype | str = torch.float32, weights: str = "fl
     """Load a model and its tokenizer: `model, tok = labkit.load("smollm2-135m")`.
 
     `dtype`: torch.float32 (exact; the default) or torch.bfloat16 / torch.float16 (half the
-    bytes per decode step; "bfloat16" as a string works too). `weights="gguf"` keeps the file's blocks
-    for labkit's kernels instead of dequantizing them (SmolLM2: its Q4_1 blocks, `dtype` the activations'
-    dtype, float32 or bfloat16; Gemma 3: its Q8_0 and Q5_0 blocks, float32, `labkit.model.gemma3_native`). `compile=True` calls
+    bytes per decode step; "bfloat16" as a string works too). `weights="gguf"` (SmolLM2) keeps
+    the file's Q4_1 blocks as int4 codes for the packed kernel instead of dequantizing them;
+    `dtype` is then the activations' dtype (float32 or bfloat16). `compile=True` calls
     `model.export_step()`: decode steps and short passes run as one program exported with AOTInductor,
     built once under .build/exported/ and loaded from there after (without a C++ compiler: a warning
     that says so, and the eager step).
@@ -126,21 +126,13 @@ register(
 )
 
 
-def _load_gemma3(dtype: torch.dtype, weights: str = "float"):
+def _load_gemma3(dtype: torch.dtype):
     from labkit.data import paths
     from labkit.model.gguf import load_gguf, open_gguf
     from labkit.tokenizer.gguf import from_gguf
 
     path = paths.gemma3_gguf_path()  # FileNotFoundError naming the package to install
-    if weights == "gguf":
-        from labkit.model.gemma3_native import load_gemma3_native
-
-        if dtype != torch.float32:
-            raise ValueError(f"with weights='gguf' Gemma's activations are float32 (quantized to int8 in the kernel), "
-                             f"got dtype={dtype}")
-        model = load_gemma3_native(open_gguf(path))
-    else:
-        model = load_gguf(open_gguf(path), dtype=dtype)
+    model = load_gguf(open_gguf(path), dtype=dtype)
     model.config = model.config.replace(name="gemma3-270m")
     return model, from_gguf(path)
 
@@ -148,9 +140,8 @@ def _load_gemma3(dtype: torch.dtype, weights: str = "float"):
 register(
     "gemma3-270m",
     "Gemma 3 270M base (the same Transformer as a Gemma config: sandwich norms, QK-norm, GeGLU, 5 sliding layers "
-    "to 1 global) from its Q4_K_M GGUF file, dequantized; weights='gguf': its Q8_0 and Q5_0 blocks on labkit's kernel",
+    "to 1 global) from its Q4_K_M GGUF file, dequantized",
     _load_gemma3,
-    weights=("float", "gguf"),
 )
 
 

@@ -60,28 +60,3 @@ def test_replicated_starts_start_every_side_afresh():
     assert run.machine["process_of_round"] == [0, 1] and run["x"].rounds == 2
     with pytest.raises(ValueError, match="processes must be"):
         rates_in_own_processes({"x": SPEC}, IDS, n=2, rounds=1, peer=False, processes=0)
-
-
-def _fake_llama(folder, sig: str):
-    pkg = folder / "llama_cpp"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(f"import os, signal\nos.kill(os.getpid(), signal.{sig})\n")
-    return str(folder)
-
-
-def test_a_crashing_peer_is_reported_with_its_signal_and_the_avx2_build_is_tried_in_its_place(tmp_path, monkeypatch):
-    """A llama.cpp build that dies on this CPU (the AMX repack's segfault) is named with its signal, and the
-    AVX2-only build `LABKIT_LLAMA_AVX2` names is started in its place; when that fails too, both causes are said."""
-    import labkit.benchmarks.workers as w
-
-    monkeypatch.setattr(w, "FALLBACK", {})
-    monkeypatch.setenv("PYTHONPATH", _fake_llama(tmp_path / "native", "SIGSEGV"))
-    monkeypatch.delenv(w.AVX2_BUILD, raising=False)
-    worker, why = w.start_peer("smollm2-135m", None)
-    assert worker is None and "exited with code -11 (SIGSEGV)" in why and "AVX2-only" not in why
-    monkeypatch.setenv(w.AVX2_BUILD, _fake_llama(tmp_path / "avx2", "SIGABRT"))
-    worker, why = w.start_peer("smollm2-135m", None)
-    assert worker is None and "(SIGSEGV)" in why and "the AVX2-only build in LABKIT_LLAMA_AVX2 failed too" in why
-    assert "(SIGABRT)" in why
-    run, why = rates_in_own_processes({"labkit": SPEC}, IDS, n=2, rounds=1, settle_s=0.0)
-    assert list(run) == ["labkit"] and "(SIGSEGV)" in why  # the labkit side still measured, the peer's absence said

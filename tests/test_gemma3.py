@@ -167,41 +167,6 @@ def test_gemma3_sizes_the_embedding_two_thirds_and_the_kv_of_five_local_layers_t
     assert cfg.kv_bytes_at(100) == cfg.kv_bytes_per_token() * 100  # within the window: no saving yet
 
 
-class _Field:
-    def __init__(self, value):
-        self.value = value
-
-    def contents(self):
-        return self.value
-
-
-class _Reader:
-    """The metadata a Gemma 3 file of another size would carry (what `gemma3_unsupported` reads)."""
-
-    def __init__(self, **fields):
-        self.fields = {"gemma3.block_count": _Field(18), "gemma3.embedding_length": _Field(640),
-                       "gemma3.attention.sliding_window": _Field(512),
-                       **{k.replace("__", "."): _Field(v) for k, v in fields.items()}}
-        self.data = type("Data", (), {"filename": "gemma-3-x.gguf"})()
-
-
-def test_the_loader_refuses_by_name_what_other_gemma3_sizes_need():
-    from labkit.model.gemma3 import gemma3_fields, gemma3_unsupported
-
-    assert gemma3_unsupported(_Reader()) == []  # the 270M: nothing missing
-    assert gemma3_fields(_Reader(gemma3__block_count=26), lambda r, k: r.fields[k].contents())["layer_windows"].count(0) == 4  # the 1B: 26 layers, 4 global
-    four_b = _Reader(gemma3__block_count=34, gemma3__rope__scaling__type="linear", gemma3__rope__scaling__factor=8.0)
-    assert gemma3_unsupported(four_b) == ["RoPE scaling (linear, factor 8)"]
-    with pytest.raises(ValueError, match=r"gemma-3-x.gguf: .*does not implement: RoPE scaling \(linear, factor 8\)"):
-        gemma3_fields(four_b, lambda r, k: r.fields[k].contents())
-    big = _Reader(gemma3__block_count=62, gemma3__rope__scaling__type="linear", gemma3__rope__scaling__factor=8.0)
-    assert len(gemma3_unsupported(big)) == 2 and "27B's query scale" in gemma3_unsupported(big)[1]
-    assert gemma3_unsupported(_Reader(gemma3__attention__sliding_window_pattern=4))[0].startswith("the sliding pattern")
-    ours = [(i + 1) % 6 != 0 for i in range(18)]
-    assert gemma3_unsupported(_Reader(gemma3__attention__sliding_window_pattern=ours)) == []
-    assert gemma3_unsupported(_Reader(gemma3__attention__sliding_window_pattern=[True] * 18)) != []
-
-
 @pytest.fixture(scope="module")
 def gemma():
     import labkit
@@ -282,8 +247,7 @@ def test_greedy_continuations_part_only_at_llama_cpps_ties(gemma, fixture):
 @torch.no_grad()
 def test_the_file_beside_transformers_reading_it(gemma):
     """transformers reads the same file with its own GGUF reader and dequantizer into its own Gemma 3: the
-    float32 logits agree to 1e-3 at every position of a prompt and past the local layers' window, and
-    `attention_probs` gives its attention probabilities."""
+    float32 logits agree to 1e-3 at every position of a prompt and past the local layers' window."""
     import functools
 
     transformers = pytest.importorskip("transformers")
@@ -307,17 +271,6 @@ def test_the_file_beside_transformers_reading_it(gemma):
         ours, theirs = model(torch.tensor([ids]))[0], hf(torch.tensor([ids])).logits[0]
         assert (ours - theirs).abs().max() < 1e-3
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
-    # attention_probs against transformers' output_attentions (its eager attention writes them out): a local layer
-    # past its 512-key window and a global one
-    from labkit.model import attention_probs
-
-    hf.config._attn_implementation = "eager"
-    with torch.no_grad():
-        theirs = hf(torch.tensor([long]), output_attentions=True).attentions
-    for layer in (0, 5):
-        ours = attention_probs(model, torch.tensor([long]), layer)
-        assert model.layers[layer].attn.window == (512 if layer == 0 else 0)
-        assert (ours - theirs[layer][0]).abs().max() < 1e-4, layer
 
 
 def test_a_llama_configs_identity_and_saved_states_are_what_they_were():
@@ -378,40 +331,4 @@ def test_the_cli_quality_speculation_and_the_server_run_on_gemma(gemma, capsys, 
     with Server(model, tok, "gemma3-270m", max_batch=2, token_budget=64, num_blocks=64) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
         reply = client.completions.create(model="gemma3-270m", prompt=prompt, max_tokens=6, temperature=0)
-        with pytest.raises(openai.BadRequestError, match="base model") as refused:  # no template: chat is refused
-            client.chat.completions.create(model="gemma3-270m", messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].text == plain.text
-    assert refused.value.body["param"] == "messages" and refused.value.body["code"] == "no_chat_template"
-
-
-@torch.no_grad()
-def test_the_file_on_labkits_kernel_gives_the_float_models_top_tokens_wherever_it_is_no_tie(gemma):
-    """weights='gguf': the Q8_0 and Q5_0 blocks and the tied head on labkit's int8 × int8 kernel. Teacher-forced on
-    llama.cpp's greedy tokens: wherever the float32 model's top two are 0.25 apart, the same top token, the top
-    logit within LOGIT_ATOL of the float32 model's and all of them within 3 % relative RMS (the activations' int8
-    rounding, as llama.cpp's)."""
-    import labkit
-    from labkit.quant import native
-
-    if not native.available():
-        pytest.skip("labkit's kernel is not built here")
-    model, tok, _ = gemma
-    fast, _ = labkit.load("gemma3-270m", weights="gguf")
-    assert "LM head and 63 of 72 block products" in fast.weights
-    assert type(fast.lm_head).__name__ == "Q8Q8Linear" and type(fast.layers[0].attn.wqkv).__name__ == "Q8Q8Linear"
-    ref = json.loads(FIXTURE.read_text())
-    checked = 0
-    for row in ref["greedy"]:
-        ids = torch.tensor([row["prompt_ids"] + row["greedy"][:-1]])
-        want, got = model(ids)[0], fast(ids)[0]
-        best = want.argmax(-1, keepdim=True)
-        assert (want.gather(-1, best) - got.gather(-1, best)).abs().max() < LOGIT_ATOL
-        rel = float((got - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt())
-        assert rel < 0.03
-        top2 = want.topk(2, dim=-1).values
-        sure = (top2[:, 0] - top2[:, 1]) >= MARGIN
-        assert torch.equal(want.argmax(-1)[sure], got.argmax(-1)[sure])
-        checked += int(sure.sum())
-    assert checked > 100
-    with pytest.raises(ValueError, match="float32"):
-        labkit.load("gemma3-270m", dtype=torch.bfloat16, weights="gguf")

@@ -113,7 +113,7 @@ def test_bad_input_is_refused():
         q4q8.mm(torch.tensor([[float("nan")] * 64]), packed)
     with pytest.raises(ValueError, match="x has 32 features, the weight 64"):
         q4q8.mm(torch.randn(1, 32), packed)
-    with pytest.raises(ValueError, match=r"path must be one of \('portable', 'avx2', 'avx512-vnni', 'neon-dotprod'\), got 'sse'"):
+    with pytest.raises(ValueError, match=r"path must be one of \('portable', 'avx2', 'avx512-vnni'\), got 'sse'"):
         q4q8.mm(torch.randn(1, 64), packed, path="sse")
     with pytest.raises(ValueError, match="codes must lie in 0..15, got 0..16"):
         q4q8.pack(codes.clamp(max=14) + torch.nn.functional.pad(torch.ones(1, 1, dtype=torch.uint8), (63, 0, 0, 15)) * 2,
@@ -191,79 +191,3 @@ def test_the_modules_doctest_runs():
     import doctest
 
     assert doctest.testmod(q4q8).failed == 0
-
-
-def _native(code: str, **env) -> str:
-    import os
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
-def test_labkit_kernel_isa_forces_a_path_the_cpu_has_and_refuses_the_rest_by_name():
-    from labkit.quant import native
-
-    if not native.available():
-        pytest.skip("no C++ compiler")
-    code = ("from labkit.quant import native\ntry:\n    print(native.path_for())\nexcept ValueError as e:\n"
-            "    print('refused:', e)\nprint(native.status()[1])")
-    assert _native(code, LABKIT_KERNEL_ISA="portable").splitlines()[0] == "portable"
-    missing = next(p for p in native.PATHS if p not in native.cpu_paths())  # on x86, the NEON path at least
-    out = _native(code, LABKIT_KERNEL_ISA=missing)
-    assert f"refused: LABKIT_KERNEL_ISA={missing!r}: this CPU cannot run it" in out
-    assert "not a path" in _native(code, LABKIT_KERNEL_ISA="sse")
-
-
-def test_a_compiler_without_openmp_gets_a_one_thread_build_with_the_same_bits(tmp_path):
-    """Apple's clang rejects -fopenmp: the kernels are built again without it, run on one thread, and say so."""
-    import shutil
-
-    from labkit.quant import native
-
-    gxx = shutil.which("g++")
-    if gxx is None or not native.available():
-        pytest.skip("no g++")
-    wrapper = tmp_path / "cxx"
-    wrapper.write_text("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -fopenmp ] && "
-                       "{ echo \"clang: error: unsupported option '-fopenmp'\" >&2; exit 1; }; done\n"
-                       f"exec {gxx} \"$@\"\n")
-    wrapper.chmod(0o755)
-    code = (f"from pathlib import Path\nimport torch\nfrom labkit.quant import native, q4q8\n"
-            f"native._library_file = lambda: Path({str(tmp_path)!r}) / 'labkit_blocks-test.so'\n"
-            "print(native.status()[1])\nprint(native.threaded())\n"
-            "g = torch.Generator().manual_seed(0)\nx = torch.randn(3, 64, generator=g)\n"
-            "codes = torch.randint(0, 16, (32, 64), generator=g)\nd = torch.rand(32, 2, generator=g).half().float() / 8\n"
-            "m = -d * 8\nprint(torch.equal(q4q8.mm(x, q4q8.pack(codes, d, m)), q4q8.reference(x, codes, d, m)))")
-    out = _native(code, CXX=str(wrapper)).splitlines()
-    assert "built without OpenMP" in out[0] and "-serial.so" in out[0]
-    assert out[1] == "False" and out[2] == "True"
-
-
-def test_a_q4_k_matrix_runs_on_the_int4_kernel_with_float32_steps_bit_for_bit_on_every_path():
-    """Q4_K's sub-block step d·sc and minimum dmin·m are exact in float32, not in float16: `from_q4_k` keeps them in
-    float32 and the same kernel multiplies; the weights are the file's floats exactly, the products the oracle's."""
-    import numpy as np
-
-    from labkit.quant import kquants
-
-    rng = np.random.default_rng(4)
-    w = rng.standard_t(4, (40, 512)).astype(np.float32) * 0.05
-    data = kquants.quantize(w, "Q4_K")
-    layer = q4q8.Q4Q8Linear.from_q4_k(data, (40, 512))
-    assert torch.equal(layer.weight, torch.from_numpy(kquants.dequantize(data, "Q4_K", (40, 512))))
-    assert layer.nbytes() == data.size and layer.fmt == "Q4_K"
-    codes, step, minimum = (torch.from_numpy(a) for a in kquants.block_parts(data, "Q4_K", (40, 512)))
-    assert not torch.equal(step.half().float(), step)  # float16 would round these steps
-    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5))
-    want = q4q8.reference(x, codes, step, minimum, steps="float32")
-    packed = q4q8.pack(codes, step, minimum, steps="float32")
-    for path in native.cpu_paths():
-        assert torch.equal(q4q8.mm(x, packed, path), want), path
-    assert torch.equal(layer(x), want)
-    assert all(torch.equal(layer(x[i:i + 1]), want[i:i + 1]) for i in range(9))  # a row's bits alone
-    with pytest.raises(ValueError, match="block_parts reads Q4_K"):
-        kquants.block_parts(data, "Q6_K", (40, 512))

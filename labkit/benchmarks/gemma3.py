@@ -5,14 +5,12 @@ Three parts, printed and returned:
 - the Q4_K_M file's tensors by GGML type (tensors, weights, bytes, bits per weight, share of the file);
 - the KV bytes of one sequence with five sliding layers (512 tokens) to every global one, against the same
   model with every layer global (`ModelConfig.kv_bytes_at`);
-- greedy decode speed: labkit (the file dequantized to float32, the lab's transformer with Gemma's config; and,
-  where labkit's kernel builds, the file's Q8_0 and Q5_0 blocks and head on it, `weights="gguf"`) and llama.cpp
-  on the same file, each in its own process, rounds alternating (`labkit.benchmarks.workers`), each labkit side's
-  ratio from `labkit.measure.compare_starts` with its interval. Without llama-cpp-python: labkit alone, said so.
+- greedy decode speed: labkit (the file dequantized to float32, the lab's transformer with Gemma's config)
+  and llama.cpp on the same file, each in its own process, rounds alternating (`labkit.benchmarks.workers`),
+  the ratio from `labkit.measure.compare` with its interval. Without llama-cpp-python: labkit alone, said so.
 """
 from __future__ import annotations
 
-KERNELS = "labkit Q8_0/Q5_0 kernels"  # the side `labkit.load("gemma3-270m", weights="gguf")` runs
 TITLE = "Gemma 3 270M (Q4_K_M): bytes per format, sliding-window KV, decode beside llama.cpp"
 
 
@@ -44,22 +42,17 @@ def run(quick: bool = False) -> dict:
     # quick: 4 rounds in one process; the full run: every side started afresh 6 times, 2 rounds each (an interval
     # from the 6 process-level medians)
     n, rounds, processes = (16, 4, 1) if quick else (32, 2, measure.MIN_PROCESSES)
-    from labkit.quant import native
-
-    sides = {"labkit float32": {"side": "labkit", "model": "gemma3-270m"}}
-    if native.available():  # the file's Q8_0 and Q5_0 blocks and its head on labkit's kernel
-        sides[KERNELS] = {"side": "labkit", "model": "gemma3-270m", "weights": "gguf"}
-    run_, why = workers.rates_in_own_processes(sides, ids, n, rounds, peer_name="llama.cpp", peer_model="gemma3-270m",
+    run_, why = workers.rates_in_own_processes({"labkit float32": {"side": "labkit", "model": "gemma3-270m"}}, ids, n,
+                                               rounds, peer_name="llama.cpp", peer_model="gemma3-270m",
                                                processes=processes)
     out = {"file": path.name, "formats": table, "kv_bytes": {str(k): v for k, v in kv.items()},
            "decode": run_.as_dict(), "prompt_tokens": len(ids), "new_tokens": n}
     for name, timing in run_.timings.items():
-        print(f"  decode {name:28s} {1 / timing.median:7.1f} tok/s (IQR {timing.iqr / timing.median:.0%})")
+        print(f"  decode {name:15s} {1 / timing.median:7.1f} tok/s (IQR {timing.iqr / timing.median:.0%})")
     if why:
         print(f"  (no llama.cpp row: {why})")
         return out
-    for side in sides:  # each labkit side against llama.cpp on the same file, at the process level
-        cmp = measure.compare_starts(run_, side, "llama.cpp", names=(side, "llama.cpp"))
-        out["labkit_vs_llama_cpp" if side == "labkit float32" else "kernels_vs_llama_cpp"] = cmp.as_dict()
-        print(f"  {cmp}")
+    cmp = measure.compare_starts(run_, "labkit float32", "llama.cpp", names=("labkit", "llama.cpp"))
+    out["labkit_vs_llama_cpp"] = cmp.as_dict()
+    print(f"  {cmp}")
     return out

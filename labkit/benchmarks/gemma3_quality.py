@@ -2,11 +2,8 @@
 
 There is no float original here (the lab reads only the Q4_K_M file), so the reference is the file as stored,
 dequantized to float32. Each row re-rounds every block product (attention and FFN; the embedding and the tied
-head stay as stored, Q8_0) to one GGML type, and rows of 640 weights, which a K-quant's super-block of 256 does
-not cut, take the fallback llama.cpp's quantizer takes (Q4_K → Q5_0, Q6_K → Q8_0). Every row names its
-encoder: Q8_0, Q5_0, Q4_1 and Q4_0 by their one rule (round to nearest on the block's scale, as llama.cpp's
-reference quantizer); each K-quant twice, by llama.cpp's weighted search (the encoder that wrote the file) and by
-min–max (`labkit.quant.kquants`), so a format is not ranked by an encoder weaker than the file's.
+head stay as stored, Q8_0) to one GGML type by round to nearest, and rows of 640 weights, which a K-quant's
+super-block of 256 does not cut, take the fallback llama.cpp's quantizer takes (Q4_K → Q5_0, Q6_K → Q8_0).
 Scored with the fixed protocol of `labkit.metrics.protocol` (the held-out play, windows of 256 every 128):
 perplexity, KL divergence to the file's next-token distribution, top-1 agreement. A row measures what that
 format loses on top of the file's own rounding. Chapter 06 reads what
@@ -19,8 +16,6 @@ TITLE = "Gemma 3 270M quality per GGML format (ppl, KL, top-1 against the Q4_K_M
 TOKENS, WINDOW, STRIDE = 1024, 256, 128
 # (format, fallback for rows of 640): llama.cpp's rules; Q5_K's would be Q5_1, which labkit does not store
 FORMATS = (("Q8_0", None), ("Q6_K", "Q8_0"), ("Q5_0", None), ("Q4_K", "Q5_0"), ("Q4_1", None), ("Q4_0", None))
-ENCODERS = {"search": "llama.cpp's weighted search", "minmax": "min–max"}  # a K-quant's, `kquants.METHODS`
-RTN = "round to nearest (llama.cpp's rule)"
 
 
 def block_bytes(model) -> int:
@@ -56,26 +51,22 @@ def run(quick: bool = False) -> dict:
     base = quality(model, ids, WINDOW, STRIDE, reference=ref)
     total = sum(stored.values())
     mix = " + ".join(f"{k} {v / total:.0%}" for k, v in sorted(stored.items(), key=lambda kv: -kv[1]))
-    rows = [{"name": f"as stored ({mix})", "encoder": "the file's (llama.cpp)", "bytes": total, **base}]
+    rows = [{"name": f"as stored ({mix})", "bytes": total, **base}]
     print(f"  {len(ids)} held-out tokens, window {WINDOW}, stride {STRIDE}; block products only (embedding and head "
           f"as stored)")
-    print(f"  {'format':34s} {'encoder':36s} {'MB':>7s} {'bits/w':>6s} {'ppl':>8s} {'change':>8s} {'KL nats':>9s} "
-          f"{'top-1':>6s}")
+    print(f"  {'format':34s} {'MB':>7s} {'bits/w':>6s} {'ppl':>8s} {'change':>8s} {'KL nats':>9s} {'top-1':>6s}")
     n_weights = sum(m.weight.numel() for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w_gate_up, b.mlp.w_down))
 
     def show(row):
-        print(f"  {row['name']:34s} {row['encoder']:36s} {row['bytes'] / 1e6:7.1f} "
-              f"{8 * row['bytes'] / n_weights:6.2f} {row['ppl']:8.2f} "
+        print(f"  {row['name']:34s} {row['bytes'] / 1e6:7.1f} {8 * row['bytes'] / n_weights:6.2f} {row['ppl']:8.2f} "
               f"{row['ppl'] / base['ppl'] - 1:+8.2%} {row.get('kl', 0.0):9.5f} {row.get('top1', 1.0):6.1%}", flush=True)
 
     show(rows[0])
-    for fmt, fallback, method in [(f, b, m) for f, b in (FORMATS[:2] if quick else FORMATS)
-                                  for m in (ENCODERS if f.endswith("_K") else ("search",))]:
+    for fmt, fallback in FORMATS[:2] if quick else FORMATS:
         start = now()
-        q = quantize_model(model, fmt=fmt, fallback=fallback, include_head=False, kquant_method=method)
+        q = quantize_model(model, fmt=fmt, fallback=fallback, include_head=False)
         name = fmt if fallback is None else f"{fmt} ({fallback} on rows of {model.config.d_model})"
         row = {"name": name, "fmt": fmt, "fallback": fallback, "bytes": block_bytes(q),
-               "encoder": ENCODERS[method] if fmt.endswith("_K") else RTN,
                **quality(q, ids, WINDOW, STRIDE, reference=ref)}
         row["ppl_change"], row["seconds"] = row["ppl"] / base["ppl"] - 1, now() - start
         rows.append(row)

@@ -60,7 +60,6 @@ def _build(spec: dict):
         llm = load_llama_cpp(model=spec.get("model", "smollm2-135m"))
         if llm is None:
             raise RuntimeError("llama-cpp-python is not installed (pip install -e '.[peers]')")
-        llama_cpp_decode(llm, [1, 2, 3], 1)  # evaluate once before "ready": a build that crashes on this CPU does so here
         return (lambda ids, n: llama_cpp_decode(llm, ids, n)), {"peer": peer_record()}
     import labkit
     from labkit.generation.stages import decode, prefill
@@ -132,8 +131,7 @@ class Worker:
         if not line:
             code = self.proc.wait(timeout=self.timeout_s)
             tail = (self.proc.stderr.read() or "").strip().splitlines()[-1:] or [""]
-            raise RuntimeError(f"the {self.spec['side']} worker exited with code {code}{_signal_name(code)}: "
-                               f"{tail[0][:200]}")
+            raise RuntimeError(f"the {self.spec['side']} worker exited with code {code}: {tail[0][:200]}")
         return json.loads(line)
 
     def round(self, ids: list[int], n: int) -> float:
@@ -216,54 +214,16 @@ def rates_in_own_processes(specs: dict, ids: list[int], n: int, rounds: int = 5,
     return _rates_once(specs, ids, n, rounds, peer, settle_s, env, peer_env, peer_name, peer_model, infos)
 
 
-def _signal_name(code: int | None) -> str:
-    """" (SIGSEGV)" for a process a signal killed (a negative exit code), else ""."""
-    import signal
-
-    try:
-        return f" ({signal.Signals(-code).name})" if code is not None and code < 0 else ""
-    except ValueError:
-        return ""
-
-
-AVX2_BUILD = "LABKIT_LLAMA_AVX2"  # a folder holding an AVX2-only llama-cpp-python: the peer where the native one fails
-FALLBACK: dict = {}  # (peer model, its environment) -> the environment that started after the first failed
-
-
-def start_peer(peer_model: str, peer_env: dict | None) -> tuple[Worker | None, str | None]:
-    """llama.cpp on `peer_model`'s file in a worker: (the worker, None), or where it crashes or cannot start and
-    `LABKIT_LLAMA_AVX2` names a folder (and `peer_env` names no build of its own), the AVX2-only build in its place,
-    said in the returned line; (None, why) when neither starts. A fallback is remembered for the later starts."""
-    spec, key = {"side": "llama.cpp", "model": peer_model}, (peer_model, json.dumps(peer_env, sort_keys=True))
-    env = FALLBACK.get(key, peer_env)
-    try:
-        return Worker(spec, env=env), (None if env is peer_env else FALLBACK[key + ("why",)])
-    except RuntimeError as exc:
-        why = str(exc)
-    folder = os.environ.get(AVX2_BUILD, "")
-    if env is not peer_env or (peer_env or {}).get("PYTHONPATH") or not folder or not os.path.isdir(folder):
-        return None, why
-    avx2 = {**(peer_env or {}), "PYTHONPATH": folder}
-    try:
-        worker = Worker(spec, env=avx2)
-    except RuntimeError as again:
-        return None, f"{why}; the AVX2-only build in {AVX2_BUILD} failed too: {again}"
-    said = f"the native build failed ({why}); the AVX2-only build in {AVX2_BUILD} ran in its place"
-    FALLBACK[key], FALLBACK[key + ("why",)] = avx2, said
-    print(f"  llama.cpp: {said}", flush=True)
-    return worker, said
-
-
 def _rates_once(specs, ids, n, rounds, peer, settle_s, env, peer_env, peer_name, peer_model, infos, seed: int = 0):
     workers, why = {}, None
     try:
         for name, spec in specs.items():
             workers[name] = Worker(spec, env=env)
         if peer:
-            worker, why = start_peer(peer_model, peer_env)
-            if worker is not None:
-                workers[peer_name] = worker
-                why = None
+            try:
+                workers[peer_name] = Worker({"side": "llama.cpp", "model": peer_model}, env=peer_env)
+            except RuntimeError as exc:
+                why = str(exc)
         if infos is not None:
             infos.update({name: w.info for name, w in workers.items()})
         return alternate(workers, ids, n, rounds, settle_s=settle_s, seed=seed), why

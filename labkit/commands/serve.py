@@ -137,14 +137,9 @@ def run(args, ready=None) -> int:
         print(f"Serving {args.model} ({args.policy} batching, up to {args.max_batch} requests, KV pool of "
               f"{server.kv_tokens} tokens, prefix caching {'on' if args.prefix_cache else 'off'}"
               f"{f', speculation {args.speculative} ({budget})' if drafter else ''}) at {url}", flush=True)
-        if not getattr(server.tok, "chat_as_plain_text", True):  # a base model's file: completions only (chat refused)
-            print(f"  curl {url}/v1/completions -H 'Content-Type: application/json' "
-                  f"-d '{{\"model\": \"{args.model}\", \"prompt\": \"The capital of France is\"}}'"
-                  "   (a base model: chat is refused)", flush=True)
-        else:
-            print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
-                  f"-d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
-                  flush=True)
+        print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+              f"-d '{{\"model\": \"{args.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
+              flush=True)
         print(f"  threads: {threads.status()}", flush=True)
         stop.wait()
     except KeyboardInterrupt:

@@ -16,12 +16,7 @@ from labkit.model.kernels import Linear, RMSNorm, attend_rows
 from labkit.model.rope import Rotary
 from labkit.model.window import attend_window
 
-__all__ = ["Attention", "Captured"]
-
-
-class Captured(Exception):
-    """Raised by a layer whose `capture` list is set, once its rotated queries and keys are in it: the pass stops
-    there (`labkit.model.attention_probs`)."""
+__all__ = ["Attention"]
 
 
 class Attention(nn.Module):
@@ -42,7 +37,6 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
         self.window = config.layer_windows[layer] if config.layer_windows else 0  # 0: global attention
         self.invariant = False  # each query attends alone (`kernels.attend_rows`; `Transformer.batch_invariant`)
-        self.capture: list | None = None  # set: the next pass appends (q, k) as it attends with them, then stops
 
     def projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of Wq, Wk, Wv inside the fused matrix, each [out_features, d_model]."""
@@ -63,9 +57,6 @@ class Attention(nn.Module):
             q, k = qk[:, :, :H], qk[:, :, H:]
         else:  # the cache rotates keys itself (by slot, at read time)
             q, k = rope.rotate_tokens(qkv[:, :, :H], positions), qkv[:, :, H:H + Hkv]
-        if self.capture is not None:  # the queries and keys this layer attends with, after norm and RoPE
-            self.capture.append((q, k))
-            raise Captured
         if self.window and (T if cache is None else cache.pass_end) > self.window:  # a local layer, past its window
             out = attend_window(cache, self.layer, q, k, v, rope, self.window)
         elif cache is None:

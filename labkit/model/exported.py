@@ -19,8 +19,8 @@ One package per program, per model weights, traced code, instruction set and tor
 `.build/exported/`: a second process loads it in about a second instead of compiling. The key holds a digest
 of every weight and of the sources the program is traced from, so a package is only ever loaded for the
 weights and the code it was built from (the digest is taken when a program is built or loaded, at the first
-pass that needs it), and the thread count (the generated code is built for it). Building one deletes the
-packages of other code, which this code never loads, and all but the `KEEP` used last (`prune_stale`). A package holds a *copy* of the weights: a weight changed in place after that pass is not seen (call
+pass that needs it); building one deletes the packages of other code (`prune_stale`), which this code never
+loads. A package holds a *copy* of the weights: a weight changed in place after that pass is not seen (call
 `export_step()` again); replacing or re-laying out modules drops the programs, as for `compile_step` (the same
 checks), and a copy of the model does not carry them.
 
@@ -76,25 +76,15 @@ def code_digest() -> str:
     return _code_digest[0]
 
 
-KEEP = 12  # packages of this code kept (the ones used last): each holds a copy of its model's weights
-
-
-def prune_stale(keep: int = KEEP) -> list[str]:
-    """Delete the packages built by other code (another code digest: this code never loads them) and, of this
-    code's, all but the `keep` used last (each holds a copy of its model's weights; one deleted is built again
-    when needed). Returns the names removed."""
-    removed, ours = [], []
+def prune_stale() -> list[str]:
+    """Delete the packages built by other code (another code digest): this code never loads them, and each holds a
+    copy of its model's weights. Returns the names removed."""
+    removed = []
     for f in package_dir().glob("step-*.pt2"):
         parts = f.name.split("-")
         if len(parts) > 2 and parts[2] != code_digest():
             f.unlink(missing_ok=True)
             removed.append(f.name)
-        elif len(parts) > 2:
-            ours.append(f)
-    ours.sort(key=lambda f: f.stat().st_mtime, reverse=True)
-    for f in ours[keep:]:
-        f.unlink(missing_ok=True)
-        removed.append(f.name)
     return removed
 
 
@@ -138,10 +128,8 @@ class ExportedStep(CompiledStep):
         B, program, last_only, cache_dtype, ids_dtype = key
         from labkit.quant.native import path_for
 
-        # the thread count too: the generated code is built for it (one thread: no OpenMP at all)
         name = (f"step-{self.digest}-{code_digest()}-b{B}-{program}-{'last' if last_only else 'all'}-"
                 f"{str(cache_dtype).removeprefix('torch.')}-{torch.backends.cpu.get_cpu_capability().lower()}-"
-                f"t{torch.get_num_threads()}-"
                 f"{path_for() if _uses_block_kernels(self.model) else 'aten'}-torch{torch.__version__}.pt2")
         return str(package_dir() / name)
 
@@ -153,8 +141,6 @@ class ExportedStep(CompiledStep):
             start = clock_now()
             self._build(key, args, path)
             self.compile_s.append(clock_now() - start)
-        else:
-            os.utime(path)  # used now: `prune_stale` keeps the packages used last
         start = clock_now()
         runner = torch._inductor.aoti_load_package(path)
         if not built:
@@ -190,9 +176,7 @@ class ExportedStep(CompiledStep):
             program = torch.export.export(module, example, dynamic_shapes=shapes)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp.pt2"
-        # bf16/fp16 intermediates rounded where the eager step rounds them, as `compile_step` asks (COMPILE_OPTIONS)
-        torch._inductor.aoti_compile_and_package(program, package_path=tmp,
-                                                 inductor_configs={"emulate_precision_casts": True})
+        torch._inductor.aoti_compile_and_package(program, package_path=tmp)
         os.replace(tmp, path)  # atomic: another process never loads a half-written package
         self.graphs += 1
         prune_stale()

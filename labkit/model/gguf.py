@@ -16,11 +16,12 @@ metadata (hyper-parameters, the tokenizer) followed by tensors in GGML block for
     Gemma 3 adds: blk.N.attn_q_norm / attn_k_norm -> layers.N.attn.q_norm / k_norm (per head),
                   blk.N.post_attention_norm / post_ffw_norm -> layers.N.post_attn_norm / post_ffn_norm
 
-Gemma 3 is the same `Transformer` with another config, its rules in `labkit.model.gemma3` (sandwich norms,
-QK-norm, GeGLU, embeddings × √d_model, five sliding layers to every global one; what other Gemma 3 sizes need
-and labkit does not implement is refused by name). The file's norm weights already hold Gemma's "1 +": they are
-used as they are. llama.cpp scales the embeddings by √d_model in float32 (Hugging Face's reference rounds the
-factor to bfloat16 first); the loader follows llama.cpp, whose outputs the tests compare with.
+Gemma 3 is the same `Transformer` with another config (`gemma3_fields`): sandwich norms, QK-norm,
+GeGLU, embeddings × √d_model, five sliding layers (RoPE base 10,000) to every global one (the file's
+base). The sliding pattern and the local base are not in the file; llama.cpp sets them for the
+architecture, and so does this loader. The file's norm weights already hold Gemma's "1 +": they are
+used as they are. llama.cpp scales the embeddings by √d_model in float32 (Hugging Face's reference
+rounds the factor to bfloat16 first); the loader follows llama.cpp, whose outputs the tests compare with.
 
 llama.cpp's converter stores Llama Q/K rows in the interleaved RoPE layout (see
 `labkit.model.rope`), so the model is built with `rope_layout="interleaved"`; asking for
@@ -44,6 +45,8 @@ from labkit.model.rope import permute_qk_rows
 SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
 # how each architecture's converter lays out the Q/K rows
 NATIVE_ROPE_LAYOUT = {"llama": "interleaved", "gemma3": "half"}
+GEMMA3_GLOBAL_EVERY = 6  # layers 5, 11, 17, ... attend globally, the rest through the sliding window
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0
 
 
 _readers: dict[tuple, object] = {}  # (path, size, mtime) -> GGUFReader: parsing the header takes seconds
@@ -156,14 +159,18 @@ def config_from_gguf(reader) -> ModelConfig:
         norm_eps=float(f"{float(_field(reader, f'{arch}.attention.layer_norm_rms_epsilon')):.7g}"),
         max_seq_len=int(_field(reader, f"{arch}.context_length")),
         tie_embeddings="output.weight" not in tensors,
-        **(_gemma3(reader) if arch == "gemma3" else {}),
+        **(gemma3_fields(reader) if arch == "gemma3" else {}),
     )
 
 
-def _gemma3(reader) -> dict:
-    from labkit.model.gemma3 import gemma3_fields  # on first use: a Llama file never loads Gemma's rules
-
-    return gemma3_fields(reader, _field)
+def gemma3_fields(reader) -> dict:
+    """The config fields in which Gemma 3 differs from Llama (see the module docstring)."""
+    n_layers, d_model = int(_field(reader, "gemma3.block_count")), int(_field(reader, "gemma3.embedding_length"))
+    window = int(_field(reader, "gemma3.attention.sliding_window"))
+    return dict(norm_placement="sandwich", qk_norm=True, activation="gelu_tanh",
+                embed_scale=float(np.sqrt(np.float32(d_model))),
+                layer_windows=tuple(0 if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else window for i in range(n_layers)),
+                rope_local_base=GEMMA3_LOCAL_ROPE_BASE)
 
 
 def read_tensor(tensor) -> np.ndarray:

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.model.attention import Captured
 from labkit.model.transformer import Transformer
-from labkit.model.window import window_mask
 
 __all__ = ["attention_probs"]
 
@@ -14,10 +12,8 @@ __all__ = ["attention_probs"]
 def attention_probs(model: Transformer, ids: torch.Tensor, layer: int) -> torch.Tensor:
     """The causal attention probabilities of one layer: float32 [n_heads, T, T] (batch item 0).
 
-    The model's own pass runs up to that layer's attention (`Attention.capture`: every embedding scale, norm,
-    QK-norm and the layer's own RoPE base as the forward applies them), which hands over its rotated queries
-    and keys; softmax(q·kᵀ/√head_dim) is then written out, causal, and within the layer's window on a local
-    layer (Gemma 3's sliding layers): the forward itself uses a fused kernel that never materialises it.
+    Runs the blocks before `layer`, then recomputes that layer's softmax(q·kᵀ/√d) explicitly
+    (the forward pass itself uses a fused kernel that never materialises it).
     """
     model.check_ids(ids)
     if model.config.compressed_attention:
@@ -25,19 +21,16 @@ def attention_probs(model: Transformer, ids: torch.Tensor, layer: int) -> torch.
                          "(their queries see a window and chosen entries, not every token)")
     if not 0 <= layer < model.config.n_layers:
         raise ValueError(f"layer must be in [0, {model.config.n_layers}), got {layer}")
-    attn = model.layers[layer].attn
-    attn.capture = []
-    try:
-        model(ids)
-    except Captured:
-        pass
-    finally:
-        got, attn.capture = attn.capture, None
-    q, k = got[0]  # [B, T, H, head_dim], [B, T, Hkv, head_dim]
-    q, k = q[0].transpose(0, 1).float(), k[0].transpose(0, 1).float()
-    k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=0)  # head h reads KV head h // g
-    scores = q @ k.transpose(-1, -2) / attn.head_dim ** 0.5  # [n_heads, T, T]
     T = ids.shape[1]
+    positions = torch.arange(T, device=ids.device)
+    x = model.tok_embeddings(ids)
+    for block in model.layers[:layer]:
+        x = block(x, model.rope, positions)
+    attn = model.layers[layer].attn
+    q, k, _ = attn.wqkv(model.layers[layer].attn_norm(x)).split(attn.split, dim=-1)
+    q = model.rope(q.view(*ids.shape, attn.n_heads, attn.head_dim).transpose(1, 2), positions)  # [B, n_heads, T, hd]
+    k = model.rope(k.view(*ids.shape, attn.n_kv_heads, attn.head_dim).transpose(1, 2), positions)
+    k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)  # [B, n_heads, T, hd]: head h reads KV head h // g
+    scores = (q @ k.transpose(-1, -2)).float() / attn.head_dim ** 0.5  # [B, n_heads, T, T]
     causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-    seen = window_mask(T, T, attn.window, ids.device) if attn.window else causal
-    return scores.masked_fill(~seen, float("-inf")).softmax(-1)
+    return scores.masked_fill(~causal, float("-inf")).softmax(-1)[0]

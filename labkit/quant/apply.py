@@ -25,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from labkit import checks
-from labkit.quant import ggml, intdot
+from labkit.quant import intdot
 from labkit.quant.blocklinear import BlockLinear, check_options, fits
 from labkit.quant.calibrate import awq_blocks, gptq_blocks
 from labkit.quant.linear import QuantLinear, layout, packed_layout_problem
@@ -65,7 +65,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
                    calib=None, include_head: bool = True, act_dtype: torch.dtype = torch.bfloat16,
                    reference: bool = False, inplace: bool = False, damp: float = 0.01, act_order: bool = False,
                    progress: bool = False, fmt: str | None = None, activations: str = "float",
-                   sums: str = "auto", fallback: str | None = None, kquant_method: str = "search") -> nn.Module:
+                   sums: str = "auto", fallback: str | None = None) -> nn.Module:
     """A copy of `model` (or `model` itself with `inplace`) whose linear layers hold `bits`-bit codes.
 
     `method`: "rtn" (no data), "gptq" or "awq" (both need `calib`, token ids [batch, tokens]).
@@ -81,9 +81,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
     instead (bits and group_size come with the format); `activations="int8"` with fmt Q8_0 or
     Q4_1 multiplies integer codes, `sums` "auto" (= "float"), "float", "int_mm" or "reference" (`labkit.quant.intdot`).
     `fallback`: the format of matrices whose rows do not cut into whole blocks of `fmt` (a K-quant's 256 on rows
-    of 640), as llama.cpp's quantizer falls back; without it such a matrix is an error. `kquant_method`: how a
-    K-quant `fmt` or `fallback` chooses its scales, "search" (llama.cpp's) or "minmax" (`labkit.quant.kquants`),
-    recorded in `model.quantization`; refused where no K-quant is asked for.
+    of 640), as llama.cpp's quantizer falls back; without it such a matrix is an error.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch module (labkit.load(...)[0]), got {type(model).__name__} {model!r:.40}")
@@ -92,12 +90,9 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int | None = Non
     if method != "rtn" and getattr(getattr(model, "config", None), "compressed_attention", False):
         raise ValueError(f"method={method!r} calibrates dense attention layers (AWQ folds scales into the projections "
                          f"an RMSNorm feeds); a compressed-attention model takes method='rtn' only")
-    if kquant_method != "search" and not (set(ggml.kquants.LAYOUT) & {fmt, fallback}):
-        raise ValueError(f"kquant_method={kquant_method!r} chooses a K-quant's scales; fmt={fmt!r} and "
-                         f"fallback={fallback!r} hold no K-quant (one of {tuple(ggml.kquants.LAYOUT)})")
     if fmt is not None:
         return _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums,
-                                fallback, kquant_method)
+                                fallback)
     if fallback is not None:
         raise ValueError(f"fallback={fallback!r} is the block format for rows fmt does not fit: it needs fmt")
     if activations != "float":
@@ -147,8 +142,7 @@ def _replace_linears(out: nn.Module, make, include_head: bool) -> None:
         out.compiled.reset()
 
 
-def _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums, fallback,
-                     kquant_method):
+def _quantize_blocks(model, method, bits, group_size, calib, include_head, inplace, fmt, activations, sums, fallback):
     if method != "rtn" or calib is not None:
         raise ValueError(f"fmt={fmt!r} rounds to nearest: method must be 'rtn' and calib None, "
                          f"got method={method!r}")
@@ -163,16 +157,15 @@ def _quantize_blocks(model, method, bits, group_size, calib, include_head, inpla
     fell_back = []
 
     def make(w):
-        kind = fmt if fallback is None or fits(fmt, w.shape[1]) else fallback
-        if kind != fmt:
-            fell_back.append(tuple(w.shape))
-        return BlockLinear(w, kind, activations, sums, kquant_method if kind in ggml.kquants.LAYOUT else "search")
+        if fallback is None or fits(fmt, w.shape[1]):
+            return BlockLinear(w, fmt, activations, sums)
+        fell_back.append(tuple(w.shape))
+        return BlockLinear(w, fallback, activations, sums)
 
     _replace_linears(out, make, include_head)
     out.quantization = {"method": "rtn", "fmt": fmt, "activations": activations, "head": include_head,
                         "kernel": "reference" if activations == "float" else intdot.resolve_sums(sums),
-                        "fallback": fallback, "fell_back": len(fell_back),
-                        **({"kquant_method": kquant_method} if set(ggml.kquants.LAYOUT) & {fmt, fallback} else {})}
+                        "fallback": fallback, "fell_back": len(fell_back)}
     return out
 
 

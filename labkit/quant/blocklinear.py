@@ -61,11 +61,9 @@ def check_options(fmt, activations, sums) -> None:
 class BlockLinear(nn.Module):
     """y = x Wᵀ with W [out, in] in `fmt`; see the module docstring for `activations` and `sums`."""
 
-    def __init__(self, weight: torch.Tensor, fmt: str, activations: str = "float", sums: str = "auto",
-                 kquant_method: str = "search"):
+    def __init__(self, weight: torch.Tensor, fmt: str, activations: str = "float", sums: str = "auto"):
         super().__init__()
         check_options(fmt, activations, sums)
-        ggml.check_kquant_method(fmt, kquant_method)
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.dim() != 2:
             raise TypeError(f"weight must be a floating-point matrix [out, in], got {type(weight).__name__} "
                             f"{tuple(getattr(weight, 'shape', ()))}")
@@ -87,7 +85,7 @@ class BlockLinear(nn.Module):
             if self.m is not None:
                 dense = dense + self.m.repeat_interleave(ggml.BLOCK, 1)
         elif fmt in GGML_FORMATS:  # Q4_0, Q5_0 and the K-quants: the format's numbers, multiplied in float32
-            data = ggml.quantize(w.numpy(), fmt, kquant_method)
+            data = ggml.quantize(w.numpy(), fmt)
             self._nbytes, self.codes, self.d, self.m = int(data.size), None, None, None
             dense = torch.from_numpy(ggml.dequantize(data, fmt, tuple(w.shape)))
         else:

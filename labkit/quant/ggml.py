@@ -98,35 +98,18 @@ def _unpack_nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
 
 
-def _q5_0_codes(blocks: np.ndarray) -> np.ndarray:
-    """Q5_0 blocks [n, 22] -> signed codes q − 16 in −16..15, int8 [n, 32] (x = d·(q − 16))."""
-    fifth = np.unpackbits(blocks[:, 2:6], axis=1, bitorder="little")  # [n_blocks, 32]: bit j of the word
-    return (_unpack_nibbles(blocks[:, 6:]) | (fifth << 4)).astype(np.int8) - np.int8(16)
-
-
-def check_kquant_method(qtype: str, kquant_method: str) -> None:
-    """ValueError unless `kquant_method` is one of the K-quants' encoders and, for another format, the default."""
-    if kquant_method not in kquants.METHODS:
-        raise ValueError(f"kquant_method must be one of {kquants.METHODS}, got {kquant_method!r}")
-    if kquant_method != kquants.METHODS[0] and qtype not in kquants.LAYOUT:
-        raise ValueError(f"kquant_method={kquant_method!r} chooses a K-quant's scales; {qtype} is not a K-quant "
-                         f"(one of {tuple(kquants.LAYOUT)})")
-
-
 def _fp16_bytes(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
-def quantize(x: np.ndarray, qtype: str, kquant_method: str = "search") -> np.ndarray:
+def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
     """Quantize float weights (last dim a multiple of 32) to GGML blocks.
 
     Returns uint8 bytes shaped `[..., row_bytes]`, as `gguf.GGUFReader` presents quantized
     tensors (F32/F16 come back as float arrays). The block formats refuse NaN and inf (F32/F16
-    store them as they are). `kquant_method`: the K-quants' encoder (`labkit.quant.kquants.METHODS`);
-    another format refuses anything but the default.
+    store them as they are).
     """
     qtype = _check_type(qtype)
-    check_kquant_method(qtype, kquant_method)
     x = np.asarray(x, dtype=np.float32)
     if qtype == "F32":
         return x.copy()
@@ -135,7 +118,7 @@ def quantize(x: np.ndarray, qtype: str, kquant_method: str = "search") -> np.nda
     if qtype in mx.LAYOUT:  # MXFP4, NVFP4: no tensor scale in the GGML layout
         return mx.quantize_blocks(x, qtype, tensor_scale=None if qtype == "MXFP4" else 1.0)[0]
     if qtype in kquants.LAYOUT:
-        return kquants.quantize(x, qtype, kquant_method)
+        return kquants.quantize(x, qtype)
     if x.ndim == 0 or x.shape[-1] % BLOCK:
         raise ValueError(f"{qtype} needs rows whose length is a multiple of {BLOCK}; got shape {x.shape}")
     if not np.isfinite(x).all():
@@ -195,7 +178,9 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = Non
         q = _unpack_nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)
         out = d * q.astype(np.float32)
     elif qtype == "Q5_0":
-        out = d * _q5_0_codes(blocks).astype(np.float32)
+        fifth = np.unpackbits(blocks[:, 2:6], axis=1, bitorder="little")  # [n_blocks, 32]: bit j of the word
+        q = (_unpack_nibbles(blocks[:, 6:]) | (fifth << 4)).astype(np.int8) - np.int8(16)
+        out = d * q.astype(np.float32)
     else:  # Q4_1
         m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
         out = d * _unpack_nibbles(blocks[:, 4:]).astype(np.float32) + m
@@ -205,15 +190,14 @@ def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = Non
 
 
 def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]):
-    """The blocks of a Q4_1 / Q8_0 / Q5_0 matrix as they are stored, for integer kernels (no dequantization).
+    """The blocks of a Q4_1 / Q8_0 matrix as they are stored, for integer kernels (no dequantization).
 
     Returns (codes [rows, cols], d [rows, cols / 32], m [rows, cols / 32] or None), so that
-    Q4_1 weights are d·q + m (codes 0..15), Q8_0 weights d·q (codes −127..127) and Q5_0 weights d·q with
-    the signed codes q − 16 (−16..15): Q5_0 then runs on the Q8_0 kernel, exactly.
+    Q4_1 weights are d·q + m (codes 0..15) and Q8_0 weights are d·q (codes −127..127).
     """
     qtype = _check_type(qtype)
-    if qtype not in ("Q4_1", "Q8_0", "Q5_0"):
-        raise ValueError(f"block_parts reads Q4_1, Q8_0 or Q5_0 blocks, got {qtype}")
+    if qtype not in ("Q4_1", "Q8_0"):
+        raise ValueError(f"block_parts reads Q4_1 or Q8_0 blocks, got {qtype}")
     rows, cols = shape
     _, _, size = TYPES[qtype]
     blocks = np.asarray(data).view(np.uint8).reshape(-1, size)
@@ -222,8 +206,6 @@ def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]):
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(rows, cols // BLOCK)
     if qtype == "Q8_0":
         return blocks[:, 2:].view(np.int8).reshape(rows, cols), d, None
-    if qtype == "Q5_0":
-        return _q5_0_codes(blocks).reshape(rows, cols), d, None
     m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(rows, cols // BLOCK)
     return _unpack_nibbles(blocks[:, 4:]).reshape(rows, cols), d, m
 

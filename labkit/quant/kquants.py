@@ -20,14 +20,12 @@ the tests compare against on random blocks and on every tensor of a real file:
 - Q6_K: 128 bytes of low nibbles (byte 64h + p: weight 128h + p low, 128h + 64 + p high, p < 64), 64 bytes
   of high 2-bit pairs (bits 2t of byte 32h + l: weight 128h + 32t + l), 16 int8 scales, fp16 d last.
 
-Two encoders choose the scales (`quantize(..., method=)`). **"search"**, the default, is llama.cpp's reference
-quantizer written from its algorithm (`labkit.quant.kquant_search`: a weighted search over stretched grids,
-`make_qkx2_quants` for Q4_K / Q5_K, `make_qx_quants` for Q6_K): re-rounding a downloaded file's own K-quant
-tensors gives back nearly its floats (`tests/test_kquants.py`). **"minmax"** is the plain rule: a sub-block's
-range [min(0, lo), hi] in 2^bits − 1 steps (Q4_K, Q5_K), or its signed largest magnitude as code −32 (Q6_K).
-Either way the sub-block scales are then quantized and the codes recomputed with the scales as stored. `gguf-py`
-has no K-quant quantizer to compare with; the tests check that `gguf` decodes labkit's blocks to the floats
-labkit decodes, that the error stays within the bound the steps give, and that the search's error is no larger.
+The quantizer here is **not llama.cpp's**: `gguf-py` has no K-quant quantizer to compare with, and
+llama.cpp's reference (`quantize_row_q4_K_ref`: `make_qkx2_quants`, a weighted search over candidate
+scales) is not reproduced. It is the plain min–max rule, with the sub-block scales quantized and the codes
+then recomputed with the scales as stored: a sub-block's range [min(0, lo), hi] in 2^bits − 1 steps (Q4_K,
+Q5_K), or its largest magnitude over 32 steps (Q6_K). The tests check that `gguf` decodes its blocks to
+the floats labkit decodes and that the error stays within the bound its steps give.
 """
 from __future__ import annotations
 
@@ -36,7 +34,7 @@ import numpy as np
 QK = 256  # weights per super-block
 LAYOUT = {"Q4_K": (QK, 144), "Q5_K": (QK, 176), "Q6_K": (QK, 210)}  # name: (weights, bytes) per super-block
 
-__all__ = ["QK", "LAYOUT", "METHODS", "quantize", "dequantize", "block_parts"]
+__all__ = ["QK", "LAYOUT", "quantize", "dequantize"]
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -99,61 +97,22 @@ def _nearest(x: np.ndarray) -> np.ndarray:
     return (np.sign(x) * np.floor(np.abs(x) + 0.5)).astype(np.int32)
 
 
-METHODS = ("search", "minmax")  # llama.cpp's weighted search (`labkit.quant.kquant_search`), or min–max
-
-
-def _q6_params(sub: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
-    """Q6_K sub-blocks [n, 16, 16] -> (int8 scales [n, 16], float16 d [n, 1])."""
-    from labkit.quant import kquant_search  # on first use: a model that only reads K-quants never loads the encoder
-
-    n = sub.shape[0]
-    if method == "search":
-        scale = kquant_search.qx_scales(sub.reshape(n * 16, 16)).reshape(n, 16)
-    else:  # the signed extreme -> code −32
-        imax = np.abs(sub).argmax(axis=2)[..., None]
-        scale = np.take_along_axis(sub, imax, axis=2)[..., 0] / np.float32(-32)
-    big = np.abs(scale).argmax(axis=1)[:, None]
-    top = np.take_along_axis(scale, big, axis=1)  # [n, 1], the signed largest
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(np.abs(top) < kquant_search.GROUP_MAX_EPS, np.float32(0), np.float32(-128) / top)
-    sc = np.clip(_round(scale * inv, method), -128, 127).astype(np.int8)
-    d = np.where(inv == 0, np.float32(0), np.float32(1) / np.where(inv == 0, 1, inv)).astype(np.float16)
-    return sc, d
-
-
-def _k_params(sub: np.ndarray, qtype: str, method: str) -> tuple[np.ndarray, ...]:
-    """Q4_K / Q5_K sub-blocks [n, 8, 32] -> (d, dmin float16 [n, 1], 6-bit scales, mins uint8 [n, 8])."""
-    from labkit.quant import kquant_search
-
-    n, nmax = sub.shape[0], 15 if qtype == "Q4_K" else 31
-    if method == "search":
-        scale, low = (v.reshape(n, 8) for v in kquant_search.qkx2_scales(sub.reshape(n * 8, 32), qtype))
-    else:  # the range [min(0, lo), hi] in nmax steps; the min is stored as a non-negative offset
-        low = -np.minimum(sub.min(axis=2), 0)
-        scale = (sub.max(axis=2) + low) / np.float32(nmax)
-    top_s, top_m = scale.max(axis=1, keepdims=True), low.max(axis=1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.clip(np.where(top_s > 0, _round(scale * (np.float32(63) / top_s), method), 0), 0, 63).astype(np.uint8)
-        mn = np.clip(np.where(top_m > 0, _round(low * (np.float32(63) / top_m), method), 0), 0, 63).astype(np.uint8)
-    return (top_s / np.float32(63)).astype(np.float16), (top_m / np.float32(63)).astype(np.float16), sc, mn
-
-
-def _round(v: np.ndarray, method: str) -> np.ndarray:
-    """llama.cpp's `nearest_int` (ties to even) for the search; half away from zero for min–max, as before."""
-    return np.rint(v).astype(np.int32) if method == "search" else _nearest(v)
-
-
-def quantize_blocks(x: np.ndarray, qtype: str, method: str = "search") -> np.ndarray:
-    """float32 [n, 256] -> super-blocks uint8 [n, bytes]: scales by `method` (`METHODS`: llama.cpp's weighted
-    search, `labkit.quant.kquant_search`, or the min–max rule of the module docstring), then the codes rounded
-    against the scales as stored."""
+def quantize_blocks(x: np.ndarray, qtype: str) -> np.ndarray:
+    """float32 [n, 256] -> super-blocks uint8 [n, bytes] by the min–max rule of the module docstring."""
     n = x.shape[0]
     if qtype == "Q6_K":
         sub = x.reshape(n, 16, 16)
-        sc, d = _q6_params(sub, method)
+        imax = np.abs(sub).argmax(axis=2)[..., None]
+        scale = np.take_along_axis(sub, imax, axis=2)[..., 0] / np.float32(-32)  # the signed extreme -> code -32
+        big = np.abs(scale).argmax(axis=1)[:, None]
+        top = np.take_along_axis(scale, big, axis=1)  # [n, 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(top == 0, np.float32(0), np.float32(-128) / top)
+        sc = np.clip(_nearest(scale * inv), -128, 127).astype(np.int8)
+        d = np.where(top == 0, np.float32(0), np.float32(1) / np.where(inv == 0, 1, inv)).astype(np.float16)
         step = d.astype(np.float32) * sc.astype(np.float32)  # what the decoder multiplies by, [n, 16]
         with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.where(step[..., None] == 0, 0, _round(sub / step[..., None], method))
+            q = np.where(step[..., None] == 0, 0, _nearest(sub / step[..., None]))
         q = (np.clip(q, -32, 31) + 32).astype(np.uint8).reshape(n, 2, 4, 32)  # half, quarter, position
         low = q & 0x0F
         ql = (low[:, :, :2] | (low[:, :, 2:] << 4)).reshape(n, 128)
@@ -161,11 +120,17 @@ def quantize_blocks(x: np.ndarray, qtype: str, method: str = "search") -> np.nda
         return np.concatenate([ql, qh.reshape(n, 64), sc.view(np.uint8), d.view(np.uint8)], axis=1)
     nmax = 15 if qtype == "Q4_K" else 31
     sub = x.reshape(n, 8, 32)
-    d, dmin, sc, mn = _k_params(sub, qtype, method)
-    step = (d.astype(np.float32) * sc.astype(np.float32))[..., None]
-    offset = (dmin.astype(np.float32) * mn.astype(np.float32))[..., None]
+    lo = np.minimum(sub.min(axis=2), 0)  # the min is stored as a non-negative offset: x = d·sc·q − dmin·m
+    scale = (sub.max(axis=2) - lo) / np.float32(nmax)
+    d = (scale.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float16)
+    dmin = ((-lo).max(axis=1, keepdims=True) / np.float32(63)).astype(np.float16)
+    df, mf = d.astype(np.float32), dmin.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(step == 0, 0, _round((sub + offset) / step, method))
+        sc = np.clip(np.where(df == 0, 0, _nearest(scale / df)), 0, 63).astype(np.uint8)
+        mn = np.clip(np.where(mf == 0, 0, _nearest(-lo / mf)), 0, 63).astype(np.uint8)
+        step = (df * sc.astype(np.float32))[..., None]
+        offset = (mf * mn.astype(np.float32))[..., None]
+        q = np.where(step == 0, 0, _nearest((sub + offset) / step))
     q = np.clip(q, 0, nmax).astype(np.uint8)
     head = [d.view(np.uint8), dmin.view(np.uint8), _pack_scales_mins(sc, mn)]
     if qtype == "Q5_K":
@@ -174,37 +139,17 @@ def quantize_blocks(x: np.ndarray, qtype: str, method: str = "search") -> np.nda
     return np.concatenate(head + [_pack_low_nibbles(q)], axis=1)
 
 
-def quantize(x: np.ndarray, qtype: str, method: str = "search") -> np.ndarray:
-    """Float rows (last dim a multiple of 256) -> uint8 [..., row_bytes] in `qtype` (Q4_K, Q5_K or Q6_K), the
-    scales chosen by `method`: "search" (llama.cpp's, the default) or "minmax"."""
+def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
+    """Float rows (last dim a multiple of 256) -> uint8 [..., row_bytes] in `qtype` (Q4_K, Q5_K or Q6_K)."""
     if qtype not in LAYOUT:
         raise ValueError(f"qtype must be one of {tuple(LAYOUT)}, got {qtype!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     x = np.asarray(x, dtype=np.float32)
     if x.ndim == 0 or x.shape[-1] % QK:
         raise ValueError(f"{qtype} needs rows whose length is a multiple of {QK}; got shape {x.shape}")
     if not np.isfinite(x).all():
         raise ValueError(f"{qtype}: x contains NaN or inf; the block formats encode finite weights only")
-    out = quantize_blocks(x.reshape(-1, QK), qtype, method)
+    out = quantize_blocks(x.reshape(-1, QK), qtype)
     return out.reshape(*x.shape[:-1], x.shape[-1] // QK * LAYOUT[qtype][1])
-
-
-def block_parts(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> tuple[np.ndarray, ...]:
-    """A Q4_K matrix's blocks as an integer kernel takes them: (codes uint8 [rows, cols] in 0..15, step and minimum
-    float32 [rows, cols / 32]) with x = step·q + minimum, step = d·sc and minimum = −dmin·m per sub-block of 32 (each
-    exact in float32: a float16 times a 6-bit integer), the same floats `dequantize` gives."""
-    if qtype != "Q4_K":
-        raise ValueError(f"block_parts reads Q4_K blocks, got {qtype!r}")
-    rows, cols = shape
-    raw = np.asarray(data).view(np.uint8).reshape(-1, LAYOUT[qtype][1])
-    if cols % QK or raw.shape[0] != rows * cols // QK:
-        raise ValueError(f"Q4_K data holds {raw.shape[0]} super-blocks; a [{rows}, {cols}] matrix needs {rows * cols // QK}")
-    d, dmin = _f16(raw[:, 0:2]), _f16(raw[:, 2:4])
-    sc, mn = _scales_mins(raw[:, 4:16])
-    step = (d * sc.astype(np.float32)).reshape(rows, cols // 32)
-    minimum = -(dmin * mn.astype(np.float32)).reshape(rows, cols // 32)
-    return _low_nibbles(raw[:, 16:144]).reshape(rows, cols), step, minimum
 
 
 def dequantize(data: np.ndarray, qtype: str, shape: tuple[int, ...] | None = None) -> np.ndarray:

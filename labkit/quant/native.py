@@ -7,18 +7,9 @@ torch gets a fresh build), and loads it: the operators `labkit::q4q8_mm` (Q4_1 w
 their shapes registered for tracing, so eager code, `torch.compile` and `torch.export` all call
 them. `status()` is one line for `labkit doctor`: built, or why not (no compiler, a failed build).
 
-Paths. Each kernel has: plain C++ on every CPU, AVX2 and AVX-512 VNNI on x86, NEON's dot product on ARM
-(`PATHS`); the arithmetic is plain C++ with no torch in it (`csrc/blocks.h`; `ops.cpp` is the torch layer), so
-`make test-arm` builds the same code for ARM and runs it under qemu. `path_for()` picks, on x86, the path for
-torch's CPU capability in this process (`torch.backends.cpu.get_cpu_capability()`, which
-`ATEN_CPU_CAPABILITY=avx2` or `default` lowers) within what the CPU has, and on ARM the dot product where the CPU
-has it. `LABKIT_KERNEL_ISA=portable|avx2|avx512-vnni|neon-dotprod` forces a path, refused by name where the CPU
-cannot run it.
-
-Threads: the products split their groups of rows over torch's threads (`at::parallel_for`), which a libtorch
-built with OpenMP runs through OpenMP pragmas compiled into this file, so it is built with `-fopenmp`. A compiler
-that rejects the flag (Apple's clang without libomp) gets a second build without it: the same bits on one thread,
-said by `status()` and `threaded()`.
+Paths. Each kernel has three: AVX-512 VNNI, AVX2 and plain C++ (`PATHS`). `path_for()` picks the
+one for torch's CPU capability in this process (`torch.backends.cpu.get_cpu_capability()`, which
+`ATEN_CPU_CAPABILITY=avx2` or `default` lowers), within what the CPU has.
 """
 from __future__ import annotations
 
@@ -34,14 +25,12 @@ import torch
 
 from labkit.data.paths import BUILD_DIR
 
-__all__ = ["PATHS", "ROWS", "ISA_ENV", "build", "status", "available", "path_for", "cpu_paths", "threaded",
-           "KernelUnavailable"]
+__all__ = ["PATHS", "ROWS", "build", "status", "available", "path_for", "cpu_paths", "KernelUnavailable"]
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "ops.cpp", CSRC / "q4q8.cpp", CSRC / "q8q8.cpp")
 HEADER = CSRC / "blocks.h"
-PATHS = ("portable", "avx2", "avx512-vnni", "neon-dotprod")  # index = the C++ `path` argument
-ISA_ENV = "LABKIT_KERNEL_ISA"  # forces a path (one of PATHS) the CPU has
+PATHS = ("portable", "avx2", "avx512-vnni")  # index = the C++ `path` argument
 ROWS = 16  # output rows per packed group
 _state: dict = {}  # "lib": the built file once loaded, "error": why it could not be built, "path": this process's
 
@@ -57,8 +46,7 @@ def _library_file() -> Path:
     return BUILD_DIR / "kernels" / f"labkit_blocks-{digest.hexdigest()[:16]}.so"
 
 
-def _compile(target: Path) -> Path:
-    """Build into `target` (or, without OpenMP, its "-serial" sibling); the file written."""
+def _compile(target: Path) -> None:
     from torch.utils import cpp_extension
 
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
@@ -70,21 +58,15 @@ def _compile(target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        for openmp in (["-fopenmp"], []):  # without: one thread, for a compiler that rejects the flag
-            cmd = [compiler, "-O3", "-std=c++20", "-fPIC", "-shared", "-ffp-contract=off", *openmp,
-                   f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, *map(str, SOURCES), f"-L{libdir}", "-ltorch",
-                   "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{libdir}", "-o", str(out)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode == 0 or "openmp" not in done.stderr.lower():
-                break
+        cmd = [compiler, "-O3", "-std=c++20", "-fPIC", "-shared", "-ffp-contract=off", "-fopenmp",
+               f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes, *map(str, SOURCES), f"-L{libdir}", "-ltorch", "-ltorch_cpu",
+               "-lc10", f"-Wl,-rpath,{libdir}", "-o", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             lines = done.stderr.strip().splitlines() or ["(no message)"]
             last = next((line for line in lines if "error" in line), lines[-1])
             raise KernelUnavailable(f"compiling labkit/quant/csrc failed: {last}")
-        if not openmp:
-            target = target.with_name(target.stem + "-serial.so")
         os.replace(out, target)  # atomic: a second process never loads a half-written file
-    return target
 
 
 def build() -> Path:
@@ -94,12 +76,9 @@ def build() -> Path:
     if "error" in _state:
         raise KernelUnavailable(_state["error"])
     target = _library_file()
-    serial = target.with_name(target.stem + "-serial.so")
     try:
-        if serial.exists() and not target.exists():
-            target = serial
-        elif not target.exists():
-            target = _compile(target)
+        if not target.exists():
+            _compile(target)
         torch.ops.load_library(str(target))
         _register_fake()
     except (KernelUnavailable, OSError, RuntimeError) as e:
@@ -135,17 +114,7 @@ def status() -> tuple[bool, str]:
         lib = build()
     except KernelUnavailable as e:
         return False, f"not built: {e}; products fall back to torch's int4 kernel"
-    try:
-        path = path_for()
-    except ValueError as e:
-        return False, str(e)
-    threads = "" if threaded() else "; built without OpenMP (the compiler took no -fopenmp): one thread"
-    return True, f"built ({lib.name}), path {path} here; CPU can run {', '.join(cpu_paths())}{threads}"
-
-
-def threaded() -> bool:
-    """Whether the built kernels split their work over threads (False: built without OpenMP)."""
-    return not build().stem.endswith("-serial")
+    return True, f"built ({lib.name}), path {path_for()} here; CPU can run {', '.join(cpu_paths())}"
 
 
 def cpu_paths() -> tuple[str, ...]:
@@ -156,26 +125,14 @@ def cpu_paths() -> tuple[str, ...]:
 
 
 def path_for(capability: str | None = None) -> str:
-    """The path for torch's CPU capability ("AVX512", "AVX2", "DEFAULT"; this process's when None), within the CPU's;
-    on ARM the dot product where the CPU has it. `LABKIT_KERNEL_ISA` (this process's, capability None) forces one:
-    ValueError naming it where it is not one of `PATHS` or the CPU cannot run it."""
+    """The path for torch's CPU capability ("AVX512", "AVX2", "DEFAULT"; this process's when None), within the CPU's."""
     if capability is None:
         if "path" not in _state:
-            forced = os.environ.get(ISA_ENV)
-            if forced:
-                if forced not in PATHS or forced not in cpu_paths():
-                    raise ValueError(f"{ISA_ENV}={forced!r}: "
-                                     + (f"not a path; one of {PATHS}" if forced not in PATHS else
-                                        f"this CPU cannot run it; it can run {', '.join(cpu_paths())}"))
-                _state["path"] = forced
-            else:
-                _state["path"] = path_for(torch.backends.cpu.get_cpu_capability())
+            _state["path"] = path_for(torch.backends.cpu.get_cpu_capability())
         return _state["path"]
-    have = cpu_paths()
-    if "neon-dotprod" in have:  # ARM: torch's capability says nothing of the dot product
-        return "neon-dotprod"
     cap = capability.upper()
     want = "avx512-vnni" if cap.startswith("AVX512") else "avx2" if cap.startswith("AVX2") else "portable"
+    have = cpu_paths()
     return want if want in have else "avx2" if want == "avx512-vnni" and "avx2" in have else "portable"
 
 

@@ -37,13 +37,12 @@ __all__ = ["pack", "pack_q8", "unpack", "mm", "reference", "reference_q8", "Q4Q8
 BLOCK = 32
 
 
-def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None, steps: str = "float16") -> dict:
+def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> dict:
     """The kernel's layout of a Q4_1 matrix: codes [N, K] in 0..15, steps d and minimums m [N, K/32].
 
     m=None is Q4_0 (w = d·(q − 8)), handed over as m = −8·d (exact in float16). Rows are padded to a
     multiple of 16 with zero blocks. Returns {"codes" uint8 [G, K/32, 4, 16, 4], "dw", "mw" float16
-    [G, K/32, 16], "out_features"}. `steps="float32"` keeps d and m in float32 instead (a K-quant's
-    d·sc and dmin·m, which float16 would round): twice the bytes of steps, the same kernel.
+    [G, K/32, 16], "out_features"}.
     """
     checks.tensor("codes", codes, ndim=2)
     n, k = codes.shape
@@ -55,16 +54,9 @@ def pack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None, st
     if tuple(d.shape) != (n, nb) or (m is not None and tuple(m.shape) != (n, nb)):
         raise ValueError(f"d and m must be [{n}, {nb}] (one per block of {BLOCK}), got {tuple(d.shape)}"
                          f"{'' if m is None else ' and ' + str(tuple(m.shape))}")
-    checks.one_of("steps", steps, ("float16", "float32"))
-    if steps == "float32":
-        if m is None:
-            raise ValueError("steps='float32' needs the minimums m (a K-quant's dmin·m)")
-        dw, mw = d.float().contiguous(), m.float().contiguous()
-    else:
-        dw, mw = d.half(), (-8 * d).half() if m is None else m.half()
-        if not (torch.equal(dw.float(), d.float()) and (m is None or torch.equal(mw.float(), m.float()))):
-            raise ValueError("d and m must be float16 values (as the file stores them); rounding them would change "
-                             "the weights (a K-quant's products of scales: steps='float32')")
+    dw, mw = d.half(), (-8 * d).half() if m is None else m.half()
+    if not (torch.equal(dw.float(), d.float()) and (m is None or torch.equal(mw.float(), m.float()))):
+        raise ValueError("d and m must be float16 values (as the file stores them); rounding them would change the weights")
     pad = -n % ROWS
     c = torch.nn.functional.pad(codes.to(torch.uint8), (0, 0, 0, pad)).reshape(n + pad, nb, 2, 16)
     byte = c[:, :, 0] | (c[:, :, 1] << 4)  # [Np, nb, 16]: byte j = code j | code j + 16 << 4, as the file
@@ -118,20 +110,16 @@ def mm(x: torch.Tensor, packed: dict, path: str | None = None) -> torch.Tensor:
     return y if y.shape[1] == n else y[:, :n]
 
 
-def reference(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
-              steps: str = "float16") -> torch.Tensor:
+def reference(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's arithmetic in plain torch (the tests' oracle): x [M, K], codes [N, K] 0..15, d, m [N, K/32].
 
     Q8_1 activations (`labkit.quant.intdot.quantize_activations`), exact int32 block sums, then per
-    block, in block order: acc = acc + isum·(dw·dx); acc = acc + mw·sx. `steps`: as `pack` holds d and m.
+    block, in block order: acc = acc + isum·(dw·dx); acc = acc + mw·sx.
     """
     qa, dx, sx = intdot.quantize_activations(x.float(), with_sum=True)
     sums = intdot.block_sums(qa, codes.to(torch.int8)).float()  # [M, N, nb], exact
-    if steps == "float32":
-        dw, mw = d.float(), m.float()
-    else:
-        dw = d.half().float()
-        mw = (-8 * d).half().float() if m is None else m.half().float()
+    dw = d.half().float()
+    mw = (-8 * d).half().float() if m is None else m.half().float()
     acc = torch.zeros(x.shape[0], codes.shape[0])
     for b in range(sums.shape[2]):
         acc = acc + sums[:, :, b] * (dw[None, :, b] * dx[:, None, b])
@@ -193,20 +181,6 @@ class Q4Q8Linear(_BlockLayer):
         self._setup(pack(codes, d, m), "q4q8_mm")
 
     @classmethod
-    def from_q4_k(cls, data, shape: tuple[int, int]) -> "Q4Q8Linear":
-        """From a Q4_K matrix as a GGUF file stores it (`shape` [rows, cols]): its codes as they are, each sub-block's
-        step d·sc and minimum −dmin·m in float32 (exact there, not in float16; `kquants.block_parts`)."""
-        from labkit.quant import kquants
-
-        codes, step, minimum = kquants.block_parts(data, "Q4_K", shape)
-        layer = cls.__new__(cls)
-        _BlockLayer.__init__(layer)
-        layer.in_features, layer.fmt = shape[1], "Q4_K"
-        layer._setup(pack(torch.from_numpy(codes), torch.from_numpy(step), torch.from_numpy(minimum), steps="float32"),
-                     "q4q8_mm")
-        return layer
-
-    @classmethod
     def from_quantized(cls, qt) -> "Q4Q8Linear":
         """From a `labkit.quant.rtn.QuantizedTensor` of 4-bit asymmetric codes in groups of 32 (Q4_1's layout)."""
         if qt.bits != 4 or qt.group_size != BLOCK or qt.symmetric or qt.per_tensor:
@@ -225,10 +199,7 @@ class Q4Q8Linear(_BlockLayer):
         return codes.float() * d.repeat_interleave(BLOCK, 1) + m.repeat_interleave(BLOCK, 1)
 
     def nbytes(self) -> int:
-        """Bytes of the format, as the file stores it: 4 bits per code, a float16 step and minimum per block (Q4_1),
-        or 144 bytes per super-block of 256 (Q4_K)."""
-        if self.fmt == "Q4_K":
-            return self.out_features * self.in_features // 256 * 144
+        """Bytes of the format, as the file stores it: 4 bits per code, a float16 step and minimum per block."""
         return self.out_features * self.in_features // 2 + 4 * self.out_features * (self.in_features // BLOCK)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,6 @@ class SentencePieceTokenizer:
     """Score-based BPE with byte fallback over `pieces` (str), `scores` and GGUF token `types`."""
 
     chat_template = None  # the files labkit reads with this tokenizer are base models (Gemma 3 270M)
-    chat_as_plain_text = False  # `labkit serve` refuses chat for it rather than join the messages as text
 
     def __init__(self, pieces: list[str], scores, types, *, bos_id: int | None = None, eos_id: int | None = None,
                  add_bos: bool = True, name: str = "spm"):

@@ -18,17 +18,13 @@ using Group = void (*)(int64_t, const Args&, int64_t, int64_t, int64_t);
 
 at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dw, const at::Tensor* mw,
                     int64_t path, int64_t chunks, Group group) {
-  TORCH_CHECK_VALUE(path >= PORTABLE && path < N_PATHS,
-                    "path must be 0 (portable), 1 (AVX2), 2 (AVX-512 VNNI) or 3 (NEON dot product), got ", path);
+  TORCH_CHECK_VALUE(path >= PORTABLE && path <= AVX512_VNNI, "path must be 0 (portable), 1 (AVX2) or 2 (AVX-512 VNNI), got ", path);
   TORCH_CHECK_VALUE(cpu_has(path), "path ", path, " needs instructions this CPU lacks");
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.dim() == 2, "x must be a float32 matrix [M, K]");
   TORCH_CHECK_TYPE(codes.dim() == 5 && codes.size(2) == chunks && codes.size(3) == ROWS && codes.size(4) == 4,
                    "codes must be [groups, nb, ", chunks, ", 16, 4]");
   TORCH_CHECK_TYPE(codes.scalar_type() == at::kByte || codes.scalar_type() == at::kChar, "codes must be 8-bit");
-  // float16 steps as the file stores them; float32 ones (both dw and mw) for the int4 kernel's K-quant products
-  const bool f32 = mw != nullptr && dw.scalar_type() == at::kFloat && mw->scalar_type() == at::kFloat;
-  TORCH_CHECK_TYPE(f32 || (dw.scalar_type() == at::kHalf && (mw == nullptr || mw->scalar_type() == at::kHalf)),
-                   mw == nullptr ? "steps must be float16" : "steps and minimums must be both float16 or both float32");
+  TORCH_CHECK_TYPE(dw.scalar_type() == at::kHalf && (mw == nullptr || mw->scalar_type() == at::kHalf), "steps must be float16");
   const int64_t M = x.size(0), K = x.size(1), groups = codes.size(0), nb = codes.size(1);
   TORCH_CHECK_VALUE(K == nb * BLOCK, "x has ", K, " features, the weight ", nb * BLOCK);
   TORCH_CHECK_VALUE(dw.numel() == groups * nb * ROWS && (mw == nullptr || mw->numel() == groups * nb * ROWS),
@@ -40,19 +36,11 @@ at::Tensor block_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tens
   at::Tensor xsum = at::empty({M, nb}, x.options().dtype(at::kInt));
   at::Tensor out = at::empty({M, groups * ROWS}, x.options());
   if (M == 0) return out;
-  const int64_t bad = quantize_rows(xc.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), dx.data_ptr<float>(),
-                                    sx.data_ptr<float>(), xsum.data_ptr<int32_t>());
-  TORCH_CHECK_VALUE(bad < 0, "x contains NaN or inf (row ", bad / std::max<int64_t>(nb, 1), ", block ",
-                    bad % std::max<int64_t>(nb, 1), "); 8-bit activation codes need finite inputs");
-  Args a{static_cast<const uint8_t*>(cc.data_ptr()), reinterpret_cast<const uint16_t*>(dc.data_ptr()),
-               reinterpret_cast<const uint16_t*>(mc.data_ptr()),
+  quantize_rows(xc.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<float>(),
+                xsum.data_ptr<int32_t>());
+  const Args a{static_cast<const uint8_t*>(cc.data_ptr()), dc.data_ptr<c10::Half>(), mc.data_ptr<c10::Half>(),
                q.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<float>(), xsum.data_ptr<int32_t>(),
                out.data_ptr<float>(), M, K, nb, groups * ROWS};
-  if (f32) {  // the float32 arrays in place of the float16 ones
-    a.dw32 = dc.data_ptr<float>();
-    a.mw32 = mc.data_ptr<float>();
-    a.dw = a.mw = nullptr;
-  }
   at::parallel_for(0, groups, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t g = lo; g < hi; ++g)
       for (int64_t m0 = 0; m0 < M; m0 += MAX_M) group(path, a, g, m0, std::min(MAX_M, M - m0));
@@ -71,7 +59,7 @@ at::Tensor q8q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 
 int64_t q4q8_paths() {
   int64_t mask = 0;
-  for (int64_t p = PORTABLE; p < N_PATHS; ++p)
+  for (int64_t p = PORTABLE; p <= AVX512_VNNI; ++p)
     if (cpu_has(p)) mask |= int64_t(1) << p;
   return mask;
 }

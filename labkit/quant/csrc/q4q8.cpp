@@ -29,28 +29,20 @@
 // the instruction set, and `labkit.quant.q4q8.reference` (plain torch) equals it bit for bit.
 #include "blocks.h"
 
-#if defined(__x86_64__)
 #include <immintrin.h>
-#endif
 
 namespace labkit_kernels {
 namespace {
 
 constexpr int64_t GROUP_BYTES = ROWS * BLOCK / 2;  // 256 bytes of codes per group and block
 
-// Row r's step and minimum of one block (at offset `at` of the [groups, nb, ROWS] arrays): float16 or float32.
-template <bool F32>
-inline float step_at(const Args& a, int64_t at) { return F32 ? a.dw32[at] : half_to_float(a.dw[at]); }
-template <bool F32>
-inline float min_at(const Args& a, int64_t at) { return F32 ? a.mw32[at] : half_to_float(a.mw[at]); }
-
 // One group of 16 output rows for input rows m0 .. m0 + mc - 1, plain C++.
-template <bool F32>
 void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
   float acc[MAX_M][ROWS] = {};
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* c = a.codes + (g * a.nb + b) * GROUP_BYTES;
-    const int64_t at = (g * a.nb + b) * ROWS;
+    const c10::Half* dw = a.dw + (g * a.nb + b) * ROWS;
+    const c10::Half* mw = a.mw + (g * a.nb + b) * ROWS;
     for (int64_t m = 0; m < mc; ++m) {
       const int64_t row = m0 + m;
       const int8_t* xq = a.q + row * a.K + b * BLOCK;
@@ -64,8 +56,8 @@ void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
             isum += (byte & 0x0F) * xq[i] + (byte >> 4) * xq[i + 16];
           }
         }
-        acc[m][r] = acc[m][r] + static_cast<float>(isum) * (step_at<F32>(a, at + r) * d);
-        acc[m][r] = acc[m][r] + min_at<F32>(a, at + r) * s;
+        acc[m][r] = acc[m][r] + static_cast<float>(isum) * (static_cast<float>(dw[r]) * d);
+        acc[m][r] = acc[m][r] + static_cast<float>(mw[r]) * s;
       }
     }
   }
@@ -73,16 +65,9 @@ void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
     for (int64_t r = 0; r < ROWS; ++r) a.out[(m0 + m) * a.n_out + g * ROWS + r] = acc[m][r];
 }
 
-#if defined(__x86_64__)
 // The same with AVX2: 8 rows per 256-bit register, two halves per group; vpmaddubsw multiplies
 // unsigned codes by signed activations into int16 pairs (a block's 16 products per pair stay
 // under 15 * 127 * 16 = 30480, so the int16 sums cannot saturate), vpmaddwd adds the pairs.
-template <bool F32>
-__attribute__((target("avx2,f16c"))) inline __m256 steps8(const uint16_t* h, const float* f, int64_t at) {
-  return F32 ? _mm256_loadu_ps(f + at) : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + at)));
-}
-
-template <bool F32>
 __attribute__((target("avx2,f16c"))) void group_avx2(const Args& a, int64_t g, int64_t m0, int64_t mc) {
   __m256 acc[MAX_M][2];
   for (int64_t m = 0; m < mc; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
@@ -98,8 +83,8 @@ __attribute__((target("avx2,f16c"))) void group_avx2(const Args& a, int64_t g, i
         w[h][2 * ch] = _mm256_and_si256(raw, low);
         w[h][2 * ch + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
       }
-      dw[h] = steps8<F32>(a.dw, a.dw32, (g * a.nb + b) * ROWS + 8 * h);
-      mw[h] = steps8<F32>(a.mw, a.mw32, (g * a.nb + b) * ROWS + 8 * h);
+      dw[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.dw + (g * a.nb + b) * ROWS + 8 * h)));
+      mw[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.mw + (g * a.nb + b) * ROWS + 8 * h)));
     }
     for (int64_t m = 0; m < mc; ++m) {
       const int64_t row = m0 + m;
@@ -139,13 +124,7 @@ __attribute__((target("avx512f"))) inline __m512 scale512(__m512 acc, __m512i is
   return _mm512_add_ps(acc, _mm512_mul_ps(mw, _mm512_set1_ps(sx)));
 }
 
-template <bool F32>
-__attribute__((target("avx512f"))) inline __m512 steps16(const uint16_t* h, const float* f, int64_t at) {
-  return F32 ? _mm512_loadu_ps(f + at) : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + at)));
-}
-
 // The same with AVX-512 VNNI: the 16 rows in one register, vpdpbusd adds 4 products per lane.
-template <bool F32>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void group_avx512(const Args& a, int64_t g, int64_t m0,
                                                                          int64_t mc) {
   __m512 acc[MAX_M];
@@ -159,8 +138,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void group_avx512(const A
       w[2 * ch] = _mm512_and_si512(raw, low);
       w[2 * ch + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
     }
-    const __m512 dw = steps16<F32>(a.dw, a.dw32, (g * a.nb + b) * ROWS);
-    const __m512 mw = steps16<F32>(a.mw, a.mw32, (g * a.nb + b) * ROWS);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.dw + (g * a.nb + b) * ROWS)));
+    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.mw + (g * a.nb + b) * ROWS)));
     // two input rows at a time: their dot-product chains are independent, so the core overlaps them
     const __m512i zero = _mm512_setzero_si512();
     int64_t m = 0;
@@ -178,76 +157,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void group_avx512(const A
   for (int64_t m = 0; m < mc; ++m) _mm512_storeu_ps(a.out + (m0 + m) * a.n_out + g * ROWS, acc[m]);
 }
 
-#endif  // __x86_64__
-
-#if defined(__aarch64__)
-// The same with NEON's SDOT (Armv8.2 dot product, ggml's ggml_vec_dot_q4_1_q8_1 on ARM uses the same instruction):
-// a 64-byte chunk is 4 registers of 4 rows each (one 32-bit lane per row); vdotq_s32 adds the 4 products of a
-// lane's 4 codes (0..15, taken as signed bytes) and the 4 activation codes broadcast to every lane.
-template <bool F32>
-inline float32x4_t steps4(const uint16_t* h, const float* f, int64_t at) {
-  return F32 ? vld1q_f32(f + at) : vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + at)));
-}
-
-template <bool F32>
-__attribute__((target("arch=armv8.2-a+dotprod"))) void group_neon(const Args& a, int64_t g, int64_t m0, int64_t mc) {
-  float32x4_t acc[MAX_M][4];
-  for (int64_t m = 0; m < mc; ++m)
-    for (int q = 0; q < 4; ++q) acc[m][q] = vdupq_n_f32(0.0f);
-  const uint8x16_t low = vdupq_n_u8(0x0F);
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* c = a.codes + (g * a.nb + b) * GROUP_BYTES;
-    int8x16_t w[8][4];  // [code half of chunk, quarter of rows]
-    for (int ch = 0; ch < 4; ++ch)
-      for (int q = 0; q < 4; ++q) {
-        const uint8x16_t raw = vld1q_u8(c + ch * 64 + q * 16);
-        w[2 * ch][q] = vreinterpretq_s8_u8(vandq_u8(raw, low));
-        w[2 * ch + 1][q] = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
-      }
-    float32x4_t dw[4], mw[4];
-    for (int q = 0; q < 4; ++q) {
-      dw[q] = steps4<F32>(a.dw, a.dw32, (g * a.nb + b) * ROWS + 4 * q);
-      mw[q] = steps4<F32>(a.mw, a.mw32, (g * a.nb + b) * ROWS + 4 * q);
-    }
-    for (int64_t m = 0; m < mc; ++m) {
-      const int64_t row = m0 + m;
-      const int8_t* xq = a.q + row * a.K + b * BLOCK;
-      const float32x4_t d = vdupq_n_f32(a.dx[row * a.nb + b]), s = vdupq_n_f32(a.sx[row * a.nb + b]);
-      int8x16_t x[8];
-      for (int ch = 0; ch < 4; ++ch) {
-        x[2 * ch] = vreinterpretq_s8_s32(vdupq_n_s32(load4(xq + 4 * ch)));
-        x[2 * ch + 1] = vreinterpretq_s8_s32(vdupq_n_s32(load4(xq + 16 + 4 * ch)));
-      }
-      for (int q = 0; q < 4; ++q) {
-        int32x4_t isum = vdupq_n_s32(0);
-        for (int k = 0; k < 8; ++k) isum = vdotq_s32(isum, w[k][q], x[k]);
-        acc[m][q] = vaddq_f32(acc[m][q], vmulq_f32(vcvtq_f32_s32(isum), vmulq_f32(dw[q], d)));
-        acc[m][q] = vaddq_f32(acc[m][q], vmulq_f32(mw[q], s));
-      }
-    }
-  }
-  for (int64_t m = 0; m < mc; ++m)
-    for (int q = 0; q < 4; ++q) vst1q_f32(a.out + (m0 + m) * a.n_out + g * ROWS + 4 * q, acc[m][q]);
-}
-#endif  // __aarch64__
-
-template <bool F32>
-void group(int64_t path, const Args& a, int64_t g, int64_t m0, int64_t mc) {
-#if defined(__x86_64__)
-  if (path == AVX512_VNNI) return group_avx512<F32>(a, g, m0, mc);
-  if (path == AVX2) return group_avx2<F32>(a, g, m0, mc);
-#elif defined(__aarch64__)
-  if (path == NEON_DOTPROD) return group_neon<F32>(a, g, m0, mc);
-#endif
-  group_portable<F32>(a, g, m0, mc);
-}
-
 }  // namespace
 
-// float16 steps (Q4_1, Q4_0 as the file stores them) or float32 ones (a K-quant's products of scales)
 void q4_group(int64_t path, const Args& a, int64_t g, int64_t m0, int64_t mc) {
-  if (a.dw32 != nullptr) return group<true>(path, a, g, m0, mc);
-  group<false>(path, a, g, m0, mc);
+  if (path == AVX512_VNNI) return group_avx512(a, g, m0, mc);
+  if (path == AVX2) return group_avx2(a, g, m0, mc);
+  group_portable(a, g, m0, mc);
 }
 
 }  // namespace labkit_kernels

@@ -15,9 +15,7 @@
 // equals `labkit.quant.q4q8.reference_q8` bit for bit and does not depend on the other rows.
 #include "blocks.h"
 
-#if defined(__x86_64__)
 #include <immintrin.h>
-#endif
 
 namespace labkit_kernels {
 namespace {
@@ -29,7 +27,7 @@ void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
   float acc[MAX_M][ROWS] = {};
   for (int64_t b = 0; b < a.nb; ++b) {
     const int8_t* c = reinterpret_cast<const int8_t*>(a.codes) + (g * a.nb + b) * GROUP_BYTES;
-    const uint16_t* dw = a.dw + (g * a.nb + b) * ROWS;
+    const c10::Half* dw = a.dw + (g * a.nb + b) * ROWS;
     for (int64_t m = 0; m < mc; ++m) {
       const int64_t row = m0 + m;
       const int8_t* xq = a.q + row * a.K + b * BLOCK;
@@ -38,7 +36,7 @@ void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
         int32_t isum = 0;
         for (int64_t ch = 0; ch < CHUNKS; ++ch)
           for (int64_t t = 0; t < 4; ++t) isum += c[ch * 64 + r * 4 + t] * xq[4 * ch + t];
-        acc[m][r] = acc[m][r] + static_cast<float>(isum) * (half_to_float(dw[r]) * d);
+        acc[m][r] = acc[m][r] + static_cast<float>(isum) * (static_cast<float>(dw[r]) * d);
       }
     }
   }
@@ -46,7 +44,6 @@ void group_portable(const Args& a, int64_t g, int64_t m0, int64_t mc) {
     for (int64_t r = 0; r < ROWS; ++r) a.out[(m0 + m) * a.n_out + g * ROWS + r] = acc[m][r];
 }
 
-#if defined(__x86_64__)
 __attribute__((target("avx2,f16c"))) void group_avx2(const Args& a, int64_t g, int64_t m0, int64_t mc) {
   __m256 acc[MAX_M][2];
   for (int64_t m = 0; m < mc; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
@@ -105,49 +102,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void group_avx512(const A
   for (int64_t m = 0; m < mc; ++m) _mm512_storeu_ps(a.out + (m0 + m) * a.n_out + g * ROWS, acc[m]);
 }
 
-#endif  // __x86_64__
-
-#if defined(__aarch64__)
-// NEON's SDOT: both operands signed, so the codes go in as they are (no +128 and no sign trick). ggml's
-// ggml_vec_dot_q8_0_q8_0 on ARM uses the same instruction.
-__attribute__((target("arch=armv8.2-a+dotprod"))) void group_neon(const Args& a, int64_t g, int64_t m0, int64_t mc) {
-  float32x4_t acc[MAX_M][4];
-  for (int64_t m = 0; m < mc; ++m)
-    for (int q = 0; q < 4; ++q) acc[m][q] = vdupq_n_f32(0.0f);
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const int8_t* c = reinterpret_cast<const int8_t*>(a.codes) + (g * a.nb + b) * GROUP_BYTES;
-    int8x16_t w[CHUNKS][4];
-    for (int ch = 0; ch < CHUNKS; ++ch)
-      for (int q = 0; q < 4; ++q) w[ch][q] = vld1q_s8(c + ch * 64 + q * 16);
-    float32x4_t dw[4];
-    for (int q = 0; q < 4; ++q) dw[q] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(a.dw + (g * a.nb + b) * ROWS + 4 * q)));
-    for (int64_t m = 0; m < mc; ++m) {
-      const int64_t row = m0 + m;
-      const int8_t* xq = a.q + row * a.K + b * BLOCK;
-      const float32x4_t d = vdupq_n_f32(a.dx[row * a.nb + b]);
-      int8x16_t x[CHUNKS];
-      for (int ch = 0; ch < CHUNKS; ++ch) x[ch] = vreinterpretq_s8_s32(vdupq_n_s32(load4(xq + 4 * ch)));
-      for (int q = 0; q < 4; ++q) {
-        int32x4_t isum = vdupq_n_s32(0);
-        for (int ch = 0; ch < CHUNKS; ++ch) isum = vdotq_s32(isum, w[ch][q], x[ch]);
-        acc[m][q] = vaddq_f32(acc[m][q], vmulq_f32(vcvtq_f32_s32(isum), vmulq_f32(dw[q], d)));
-      }
-    }
-  }
-  for (int64_t m = 0; m < mc; ++m)
-    for (int q = 0; q < 4; ++q) vst1q_f32(a.out + (m0 + m) * a.n_out + g * ROWS + 4 * q, acc[m][q]);
-}
-#endif  // __aarch64__
-
 }  // namespace
 
 void q8_group(int64_t path, const Args& a, int64_t g, int64_t m0, int64_t mc) {
-#if defined(__x86_64__)
   if (path == AVX512_VNNI) return group_avx512(a, g, m0, mc);
   if (path == AVX2) return group_avx2(a, g, m0, mc);
-#elif defined(__aarch64__)
-  if (path == NEON_DOTPROD) return group_neon(a, g, m0, mc);
-#endif
   group_portable(a, g, m0, mc);
 }
 

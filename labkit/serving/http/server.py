@@ -188,12 +188,7 @@ class Server:
                                    param="prompt")
                 return list(prompt)
             return self.tok.encode_ordinary(prompt)
-        if getattr(self.tok, "chat_template", None) is None:
-            if not getattr(self.tok, "chat_as_plain_text", True):  # a downloaded base model's file (Gemma 3 270M)
-                raise ApiError(400, f"{self.model_name} is a base model: its file has no chat template, so chat "
-                               "messages have no form it was trained on; send a plain prompt to /v1/completions",
-                               param="messages", code="no_chat_template")
-            # the lab's own base models (trained on plain text): the messages as plain text to continue
+        if getattr(self.tok, "chat_template", None) is None:  # a base model: the messages as plain text to continue
             return self.tok.encode_ordinary("\n\n".join(m["content"] for m in prompt))
         return self.tok.encode_chat(prompt)
 
